@@ -1,0 +1,125 @@
+//! OpenAI-style API errors, shared so the filter and the server reject bad input identically.
+//!
+//! The wire shape is `{"error":{"message","type","param","code"}}`, as OpenAI and vLLM send it.
+
+use serde::Serialize;
+
+/// A client-facing error with its HTTP status.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{status} {kind}: {message}")]
+pub struct ApiError {
+    pub status: u16,
+    pub message: String,
+    pub kind: &'static str,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+}
+
+#[derive(Serialize)]
+struct Body<'a> {
+    error: Inner<'a>,
+}
+
+#[derive(Serialize)]
+struct Inner<'a> {
+    message: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    param: Option<&'a str>,
+    code: Option<&'a str>,
+}
+
+impl ApiError {
+    /// 400: the request is malformed or invalid; `param` names the offending field.
+    pub fn invalid(message: impl Into<String>, param: Option<&str>) -> Self {
+        ApiError {
+            status: 400,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: param.map(str::to_owned),
+            code: None,
+        }
+    }
+
+    /// 404: the model (or route) does not exist here.
+    pub fn not_found(message: impl Into<String>, param: Option<&str>) -> Self {
+        ApiError {
+            status: 404,
+            message: message.into(),
+            kind: "not_found_error",
+            param: param.map(str::to_owned),
+            code: Some("model_not_found"),
+        }
+    }
+
+    /// 413: the body is larger than the configured limit.
+    pub fn too_large(limit: usize) -> Self {
+        ApiError {
+            status: 413,
+            message: format!("request body exceeds the limit of {limit} bytes"),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("request_too_large"),
+        }
+    }
+
+    /// 429: the server is at capacity (queue full).
+    pub fn overloaded(message: impl Into<String>) -> Self {
+        ApiError {
+            status: 429,
+            message: message.into(),
+            kind: "rate_limit_error",
+            param: None,
+            code: Some("queue_full"),
+        }
+    }
+
+    /// 500: a server-side failure (never used for client mistakes).
+    pub fn internal(message: impl Into<String>) -> Self {
+        ApiError {
+            status: 500,
+            message: message.into(),
+            kind: "internal_server_error",
+            param: None,
+            code: None,
+        }
+    }
+
+    /// Sets the machine-readable `code`.
+    pub fn with_code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
+    }
+
+    /// The JSON body as OpenAI sends it.
+    pub fn to_json(&self) -> String {
+        let body = Body {
+            error: Inner {
+                message: &self.message,
+                kind: self.kind,
+                param: self.param.as_deref(),
+                code: self.code,
+            },
+        };
+        serde_json::to_string(&body).unwrap_or_else(|_| {
+            r#"{"error":{"message":"error","type":"internal_server_error","param":null,"code":null}}"#
+                .to_owned()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_shape() {
+        let e = ApiError::invalid("bad \"x\"", Some("prompt"));
+        let v: serde_json::Value = serde_json::from_str(&e.to_json()).unwrap();
+        assert_eq!(v["error"]["message"], "bad \"x\"");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert_eq!(v["error"]["param"], "prompt");
+        assert!(v["error"]["code"].is_null());
+        assert_eq!(e.status, 400);
+    }
+}

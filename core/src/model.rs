@@ -1,0 +1,159 @@
+//! The model bundle: everything needed to turn a request body into tokens and block hashes.
+//!
+//! It mirrors a Hugging Face model directory: `tokenizer.json` (vocabulary) plus
+//! `tokenizer_config.json` (chat template, BOS/EOS). The filter and the server build the same
+//! bundle from the same files, so [`ModelBundle::prepare`] gives both the same answer.
+
+use crate::block::{block_hashes, root_hash, BlockHash, BlockSize};
+use crate::error::ApiError;
+use crate::request::{InferenceRequest, PromptInput};
+use crate::template::{ChatTemplate, TemplateError};
+use crate::tokenizer::{Tokenizer, TokenizerError};
+
+/// The fields of an HF `tokenizer_config.json` that rendering needs.
+#[derive(Debug, Default, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct TokenizerConfig {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template: Option<String>,
+    #[serde(default, deserialize_with = "token_name", skip_serializing_if = "Option::is_none")]
+    pub bos_token: Option<String>,
+    #[serde(default, deserialize_with = "token_name", skip_serializing_if = "Option::is_none")]
+    pub eos_token: Option<String>,
+}
+
+/// HF writes special tokens either as a string or as `{"content": "..."}`.
+fn token_name<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<String>, D::Error> {
+    use serde::Deserialize;
+    let v = Option::<serde_json::Value>::deserialize(d)?;
+    Ok(match v {
+        Some(serde_json::Value::String(s)) => Some(s),
+        Some(serde_json::Value::Object(o)) => {
+            o.get("content").and_then(|c| c.as_str()).map(str::to_owned)
+        }
+        _ => None,
+    })
+}
+
+/// A bundle that could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum BundleError {
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+    #[error("tokenizer_config.json: {0}")]
+    Config(String),
+}
+
+/// Tokenizer, chat template and naming of one served model.
+pub struct ModelBundle {
+    name: String,
+    tokenizer: Tokenizer,
+    template: Option<ChatTemplate>,
+    block_size: BlockSize,
+}
+
+/// A request's prompt as tokens plus the hashes of its full blocks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreparedPrompt {
+    pub tokens: Vec<u32>,
+    pub hashes: Vec<BlockHash>,
+}
+
+impl ModelBundle {
+    /// Builds a bundle from the bytes of `tokenizer.json` and, optionally,
+    /// `tokenizer_config.json`. Without a chat template, chat requests are rejected with 400.
+    pub fn new(
+        name: &str,
+        tokenizer_json: &[u8],
+        tokenizer_config_json: Option<&[u8]>,
+        block_size: BlockSize,
+    ) -> Result<Self, BundleError> {
+        let tokenizer = Tokenizer::from_json_bytes(tokenizer_json)?;
+        let config: TokenizerConfig = match tokenizer_config_json {
+            Some(b) => serde_json::from_slice(b).map_err(|e| BundleError::Config(e.to_string()))?,
+            None => TokenizerConfig::default(),
+        };
+        let template = match &config.chat_template {
+            Some(src) => Some(ChatTemplate::new(
+                src,
+                config.bos_token.as_deref().unwrap_or(""),
+                config.eos_token.as_deref().unwrap_or(""),
+            )?),
+            None => None,
+        };
+        Ok(ModelBundle {
+            name: name.to_owned(),
+            tokenizer,
+            template,
+            block_size,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    pub fn block_size(&self) -> BlockSize {
+        self.block_size
+    }
+
+    /// 404 when the request names a model other than this one (an absent model is fine).
+    pub fn check_model(&self, req: &InferenceRequest) -> Result<(), ApiError> {
+        match &req.model {
+            Some(m) if m != &self.name => Err(ApiError::not_found(
+                format!("The model '{m}' does not exist (served: '{}')", self.name),
+                Some("model"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Renders and tokenizes the prompt and hashes its full blocks.
+    pub fn prepare(&self, req: &InferenceRequest) -> Result<PreparedPrompt, ApiError> {
+        self.check_model(req)?;
+        let tokens = match &req.prompt {
+            PromptInput::Text(text) => self.encode(text)?,
+            PromptInput::TokenIds(ids) => {
+                let vocab = self.tokenizer.vocab_size();
+                if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+                    return Err(ApiError::invalid(
+                        format!("token id {bad} is out of range (vocabulary size {vocab})"),
+                        Some("prompt"),
+                    ));
+                }
+                ids.clone()
+            }
+            PromptInput::Chat(messages) => {
+                let template = self.template.as_ref().ok_or_else(|| {
+                    ApiError::invalid(
+                        "this model has no chat template; use /v1/completions",
+                        Some("messages"),
+                    )
+                })?;
+                self.encode(&template.render(messages)?)?
+            }
+        };
+        let root = root_hash(&self.name, req.cache_salt.as_deref());
+        let hashes = block_hashes(root, &tokens, self.block_size);
+        Ok(PreparedPrompt { tokens, hashes })
+    }
+
+    /// The rendered text of a chat request (for debugging and for engines that want text).
+    pub fn render_chat(&self, req: &InferenceRequest) -> Result<Option<String>, ApiError> {
+        match (&req.prompt, &self.template) {
+            (PromptInput::Chat(m), Some(t)) => t.render(m).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    fn encode(&self, text: &str) -> Result<Vec<u32>, ApiError> {
+        self.tokenizer
+            .encode(text)
+            .map_err(|e| ApiError::invalid(format!("prompt could not be tokenized: {e}"), Some("prompt")))
+    }
+}

@@ -1,0 +1,347 @@
+//! Parsing and validating OpenAI completions / chat-completions request bodies.
+//!
+//! The filter and the server both call [`parse_request`], so a body that the server would
+//! reject is rejected by the filter with the very same status and message, and a body both
+//! accept yields the same prompt.
+
+use crate::error::ApiError;
+use serde_json::{Map, Value};
+
+/// Which OpenAI endpoint a body was sent to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    Completions,
+    ChatCompletions,
+}
+
+impl Endpoint {
+    /// The endpoint served at `path` (query string ignored), if it is one we route by prefix.
+    pub fn from_path(path: &str) -> Option<Self> {
+        let path = path.split('?').next().unwrap_or(path);
+        match path {
+            "/v1/completions" => Some(Endpoint::Completions),
+            "/v1/chat/completions" => Some(Endpoint::ChatCompletions),
+            _ => None,
+        }
+    }
+}
+
+/// One chat message, content already flattened to text.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+/// The prompt as the client gave it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PromptInput {
+    /// Completions `prompt` as a string.
+    Text(String),
+    /// Completions `prompt` as an array of token ids (already tokenized by the client).
+    TokenIds(Vec<u32>),
+    /// Chat `messages`, rendered later with the model's chat template.
+    Chat(Vec<ChatMessage>),
+}
+
+/// The fields of a request that routing and serving need.
+#[derive(Clone, Debug, PartialEq)]
+pub struct InferenceRequest {
+    pub endpoint: Endpoint,
+    pub model: Option<String>,
+    pub prompt: PromptInput,
+    pub cache_salt: Option<String>,
+    pub stream: bool,
+    pub max_tokens: Option<u32>,
+    pub temperature: Option<f64>,
+    pub top_p: Option<f64>,
+    pub seed: Option<u64>,
+    pub stop: Vec<String>,
+}
+
+/// Parses and validates a request body. Every rejection is a 400 naming the bad field.
+pub fn parse_request(endpoint: Endpoint, body: &[u8]) -> Result<InferenceRequest, ApiError> {
+    let text = std::str::from_utf8(body).map_err(|e| {
+        ApiError::invalid(
+            format!("request body is not valid UTF-8 (at byte {})", e.valid_up_to()),
+            None,
+        )
+    })?;
+    if text.trim().is_empty() {
+        return Err(ApiError::invalid("request body is empty; expected a JSON object", None));
+    }
+    let value: Value = serde_json::from_str(text)
+        .map_err(|e| ApiError::invalid(format!("request body is not valid JSON: {e}"), None))?;
+    let Value::Object(obj) = value else {
+        return Err(ApiError::invalid("request body must be a JSON object", None));
+    };
+
+    let prompt = match endpoint {
+        Endpoint::Completions => parse_prompt(&obj)?,
+        Endpoint::ChatCompletions => PromptInput::Chat(parse_messages(&obj)?),
+    };
+
+    Ok(InferenceRequest {
+        endpoint,
+        model: opt_string(&obj, "model")?,
+        prompt,
+        cache_salt: opt_string(&obj, "cache_salt")?,
+        stream: opt_bool(&obj, "stream")?.unwrap_or(false),
+        max_tokens: parse_max_tokens(&obj)?,
+        temperature: opt_number(&obj, "temperature", 0.0, 2.0)?,
+        top_p: opt_number(&obj, "top_p", 0.0, 1.0)?,
+        seed: opt_u64(&obj, "seed")?,
+        stop: parse_stop(&obj)?,
+    })
+}
+
+fn parse_prompt(obj: &Map<String, Value>) -> Result<PromptInput, ApiError> {
+    let p = obj
+        .get("prompt")
+        .ok_or_else(|| ApiError::invalid("missing required field 'prompt'", Some("prompt")))?;
+    match p {
+        Value::String(s) if s.is_empty() => {
+            Err(ApiError::invalid("'prompt' must not be empty", Some("prompt")))
+        }
+        Value::String(s) => Ok(PromptInput::Text(s.clone())),
+        Value::Array(items) if items.is_empty() => {
+            Err(ApiError::invalid("'prompt' must not be empty", Some("prompt")))
+        }
+        Value::Array(items) => {
+            if let [Value::String(s)] = items.as_slice() {
+                if s.is_empty() {
+                    return Err(ApiError::invalid("'prompt' must not be empty", Some("prompt")));
+                }
+                return Ok(PromptInput::Text(s.clone()));
+            }
+            let ids = items
+                .iter()
+                .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
+                .collect::<Option<Vec<u32>>>()
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "'prompt' must be a string, a one-element array of strings, or an array of token ids (batched prompts are not supported)",
+                        Some("prompt"),
+                    )
+                })?;
+            Ok(PromptInput::TokenIds(ids))
+        }
+        _ => Err(ApiError::invalid(
+            "'prompt' must be a string or an array of token ids",
+            Some("prompt"),
+        )),
+    }
+}
+
+fn parse_messages(obj: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
+    let m = obj
+        .get("messages")
+        .ok_or_else(|| ApiError::invalid("missing required field 'messages'", Some("messages")))?;
+    let Value::Array(items) = m else {
+        return Err(ApiError::invalid("'messages' must be an array", Some("messages")));
+    };
+    if items.is_empty() {
+        return Err(ApiError::invalid("'messages' must not be empty", Some("messages")));
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| {
+            let Value::Object(msg) = item else {
+                return Err(ApiError::invalid(
+                    format!("'messages[{i}]' must be an object"),
+                    Some(&format!("messages[{i}]")),
+                ));
+            };
+            let role = match msg.get("role") {
+                Some(Value::String(r)) if !r.is_empty() => r.clone(),
+                _ => {
+                    return Err(ApiError::invalid(
+                        format!("'messages[{i}].role' must be a non-empty string"),
+                        Some(&format!("messages[{i}].role")),
+                    ))
+                }
+            };
+            let content = flatten_content(msg.get("content")).ok_or_else(|| {
+                ApiError::invalid(
+                    format!("'messages[{i}].content' must be a string or an array of text parts"),
+                    Some(&format!("messages[{i}].content")),
+                )
+            })?;
+            Ok(ChatMessage { role, content })
+        })
+        .collect()
+}
+
+/// String content, or OpenAI's array of `{"type":"text","text":...}` parts joined.
+fn flatten_content(v: Option<&Value>) -> Option<String> {
+    match v? {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(parts) => {
+            let mut out = String::new();
+            for part in parts {
+                match (part.get("type").and_then(Value::as_str), part.get("text")) {
+                    (Some("text"), Some(Value::String(t))) => out.push_str(t),
+                    _ => return None,
+                }
+            }
+            Some(out)
+        }
+        _ => None,
+    }
+}
+
+fn opt_string(obj: &Map<String, Value>, key: &str) -> Result<Option<String>, ApiError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(ApiError::invalid(format!("'{key}' must be a string"), Some(key))),
+    }
+}
+
+fn opt_bool(obj: &Map<String, Value>, key: &str) -> Result<Option<bool>, ApiError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Bool(b)) => Ok(Some(*b)),
+        Some(_) => Err(ApiError::invalid(format!("'{key}' must be a boolean"), Some(key))),
+    }
+}
+
+fn opt_u64(obj: &Map<String, Value>, key: &str) -> Result<Option<u64>, ApiError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+            ApiError::invalid(format!("'{key}' must be a non-negative integer"), Some(key))
+        }),
+    }
+}
+
+fn opt_number(
+    obj: &Map<String, Value>,
+    key: &str,
+    min: f64,
+    max: f64,
+) -> Result<Option<f64>, ApiError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_f64() {
+            Some(x) if (min..=max).contains(&x) => Ok(Some(x)),
+            _ => Err(ApiError::invalid(
+                format!("'{key}' must be a number between {min} and {max}"),
+                Some(key),
+            )),
+        },
+    }
+}
+
+fn parse_max_tokens(obj: &Map<String, Value>) -> Result<Option<u32>, ApiError> {
+    // chat clients send `max_completion_tokens` nowadays; accept either
+    let key = if obj.contains_key("max_completion_tokens") {
+        "max_completion_tokens"
+    } else {
+        "max_tokens"
+    };
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_u64().and_then(|n| u32::try_from(n).ok()) {
+            Some(n) if n >= 1 => Ok(Some(n)),
+            _ => Err(ApiError::invalid(
+                format!("'{key}' must be a positive integer"),
+                Some(key),
+            )),
+        },
+    }
+}
+
+fn parse_stop(obj: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
+    match obj.get("stop") {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::String(s)) => Ok(vec![s.clone()]),
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| v.as_str().map(str::to_owned))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                ApiError::invalid("'stop' must be a string or an array of strings", Some("stop"))
+            }),
+        Some(_) => Err(ApiError::invalid(
+            "'stop' must be a string or an array of strings",
+            Some("stop"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(ep: Endpoint, body: &[u8]) -> ApiError {
+        parse_request(ep, body).unwrap_err()
+    }
+
+    #[test]
+    fn completions_text_and_ids() {
+        let r = parse_request(Endpoint::Completions, br#"{"model":"m","prompt":"hi","stream":true,"cache_salt":"t1","max_tokens":5}"#).unwrap();
+        assert_eq!(r.prompt, PromptInput::Text("hi".into()));
+        assert!(r.stream);
+        assert_eq!(r.cache_salt.as_deref(), Some("t1"));
+        assert_eq!(r.max_tokens, Some(5));
+        let r = parse_request(Endpoint::Completions, br#"{"prompt":[1,2,3]}"#).unwrap();
+        assert_eq!(r.prompt, PromptInput::TokenIds(vec![1, 2, 3]));
+        let r = parse_request(Endpoint::Completions, br#"{"prompt":["one"]}"#).unwrap();
+        assert_eq!(r.prompt, PromptInput::Text("one".into()));
+    }
+
+    #[test]
+    fn chat_messages_and_parts() {
+        let r = parse_request(
+            Endpoint::ChatCompletions,
+            br#"{"messages":[{"role":"system","content":"s"},{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            r.prompt,
+            PromptInput::Chat(vec![
+                ChatMessage { role: "system".into(), content: "s".into() },
+                ChatMessage { role: "user".into(), content: "ab".into() },
+            ])
+        );
+    }
+
+    #[test]
+    fn bad_inputs_are_400_with_param() {
+        let cases: &[(Endpoint, &[u8], Option<&str>)] = &[
+            (Endpoint::Completions, b"{not json", None),
+            (Endpoint::Completions, b"\xff\xfe{}", None),
+            (Endpoint::Completions, b"", None),
+            (Endpoint::Completions, b"[1,2]", None),
+            (Endpoint::Completions, br#"{"model":"m"}"#, Some("prompt")),
+            (Endpoint::Completions, br#"{"prompt":""}"#, Some("prompt")),
+            (Endpoint::Completions, br#"{"prompt":[]}"#, Some("prompt")),
+            (Endpoint::Completions, br#"{"prompt":42}"#, Some("prompt")),
+            (Endpoint::Completions, br#"{"prompt":["a","b"]}"#, Some("prompt")),
+            (Endpoint::Completions, br#"{"prompt":"x","stream":"yes"}"#, Some("stream")),
+            (Endpoint::Completions, br#"{"prompt":"x","max_tokens":0}"#, Some("max_tokens")),
+            (Endpoint::Completions, br#"{"prompt":"x","cache_salt":5}"#, Some("cache_salt")),
+            (Endpoint::Completions, br#"{"prompt":"x","temperature":9}"#, Some("temperature")),
+            (Endpoint::ChatCompletions, br#"{"prompt":"x"}"#, Some("messages")),
+            (Endpoint::ChatCompletions, br#"{"messages":[]}"#, Some("messages")),
+            (Endpoint::ChatCompletions, br#"{"messages":"hi"}"#, Some("messages")),
+            (Endpoint::ChatCompletions, br#"{"messages":[{"role":"user"}]}"#, Some("messages[0].content")),
+            (Endpoint::ChatCompletions, br#"{"messages":[{"content":"x"}]}"#, Some("messages[0].role")),
+            (Endpoint::ChatCompletions, br#"{"messages":[{"role":"user","content":1}]}"#, Some("messages[0].content")),
+        ];
+        for (ep, body, param) in cases {
+            let e = err(*ep, body);
+            assert_eq!(e.status, 400, "{:?}", String::from_utf8_lossy(body));
+            assert_eq!(e.param.as_deref(), *param, "{:?}", String::from_utf8_lossy(body));
+        }
+    }
+
+    #[test]
+    fn endpoint_from_path() {
+        assert_eq!(Endpoint::from_path("/v1/completions"), Some(Endpoint::Completions));
+        assert_eq!(Endpoint::from_path("/v1/chat/completions?x=1"), Some(Endpoint::ChatCompletions));
+        assert_eq!(Endpoint::from_path("/v1/models"), None);
+    }
+}

@@ -1,0 +1,59 @@
+//! The model's tokenizer, loaded from a Hugging Face `tokenizer.json` held in memory.
+//!
+//! Uses the `tokenizers` crate with pure-Rust features only (fancy-regex instead of onig), so
+//! the very same code runs in the server and inside Envoy's wasm VM.
+
+use std::fmt;
+
+/// A loaded tokenizer.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+}
+
+/// The tokenizer could not be loaded or could not process input.
+#[derive(Debug, thiserror::Error)]
+#[error("tokenizer: {0}")]
+pub struct TokenizerError(String);
+
+impl fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("vocab_size", &self.vocab_size())
+            .finish()
+    }
+}
+
+impl Tokenizer {
+    /// Parses the bytes of a `tokenizer.json`.
+    pub fn from_json_bytes(bytes: &[u8]) -> Result<Self, TokenizerError> {
+        let inner =
+            tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| TokenizerError(e.to_string()))?;
+        Ok(Tokenizer { inner })
+    }
+
+    /// Token ids of `text`. Special tokens written in the text (e.g. `<|im_start|>`) map to
+    /// their ids; nothing is prepended or appended.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        self.inner
+            .encode_fast(text, false)
+            .map(|enc| enc.get_ids().to_vec())
+            .map_err(|e| TokenizerError(e.to_string()))
+    }
+
+    /// Text of `ids`, special tokens included.
+    pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| TokenizerError(e.to_string()))
+    }
+
+    /// The id of a token, special or not.
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// Vocabulary size including added tokens.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+}

@@ -1,0 +1,268 @@
+//! The block prefix cache: which full token blocks this pod has already computed.
+//!
+//! Keys are chained [`BlockHash`]es, so "the longest chain of leading blocks present" is just
+//! the number of leading hashes found. Capacity is fixed in blocks. Blocks pinned by a running
+//! request (its hits and the blocks it stored) are never evicted; unpinned blocks sit in an LRU
+//! list and the least recently used goes first when room is needed. Every operation is
+//! O(blocks in the prompt) under one short mutex hold.
+//!
+//! Like vLLM, a request whose whole prompt is cached still recomputes its last block, because
+//! the engine needs at least one prompt token to produce the first output logits.
+
+use lru::LruCache;
+use prefix_core::BlockHash;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// What changed in the cache, for metrics and (later) cache events.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct StoreOutcome {
+    pub stored: usize,
+    pub evicted: usize,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// block → number of running requests pinning it
+    pins: HashMap<BlockHash, u32>,
+    /// unpinned blocks, least recently used at the back
+    free: LruCache<BlockHash, ()>,
+}
+
+/// A fixed-capacity, LRU, pin-aware block prefix cache. Cheap to share (`Arc`).
+#[derive(Debug)]
+pub struct BlockPrefixCache {
+    capacity: usize,
+    inner: Mutex<Inner>,
+}
+
+/// A running request's hold on the cache: its hit blocks, then the blocks it stored, stay
+/// pinned until the lease is dropped.
+#[derive(Debug)]
+pub struct Lease {
+    cache: Arc<BlockPrefixCache>,
+    pinned: Vec<BlockHash>,
+    hit_blocks: usize,
+}
+
+impl BlockPrefixCache {
+    /// A cache holding at most `capacity` blocks (0 disables caching).
+    pub fn new(capacity: usize) -> Arc<Self> {
+        Arc::new(BlockPrefixCache {
+            capacity,
+            inner: Mutex::new(Inner {
+                pins: HashMap::new(),
+                free: LruCache::unbounded(),
+            }),
+        })
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    /// Blocks currently held (pinned or not).
+    pub fn len(&self) -> usize {
+        let g = self.lock();
+        g.pins.len() + g.free.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Fraction of capacity in use, as vLLM's `kv_cache_usage_perc` (0.0–1.0).
+    pub fn usage(&self) -> f64 {
+        if self.capacity == 0 {
+            0.0
+        } else {
+            self.len() as f64 / self.capacity as f64
+        }
+    }
+
+    /// Whether `hash` is held.
+    pub fn contains(&self, hash: &BlockHash) -> bool {
+        let g = self.lock();
+        g.pins.contains_key(hash) || g.free.contains(hash)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A poisoned lock only means another request panicked mid-update of plain counters;
+        // the maps are still structurally valid, so keep serving.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Looks up the longest chain of leading blocks of a prompt of `prompt_tokens` tokens and
+    /// pins those blocks. At least one prompt token is always left to compute.
+    pub fn acquire(self: &Arc<Self>, hashes: &[BlockHash], prompt_tokens: usize, block_size: usize) -> Lease {
+        let mut g = self.lock();
+        let mut hits = hashes
+            .iter()
+            .take_while(|h| g.pins.contains_key(h) || g.free.contains(h))
+            .count();
+        if hits > 0 && hits * block_size >= prompt_tokens {
+            hits -= 1;
+        }
+        let pinned: Vec<BlockHash> = hashes[..hits].to_vec();
+        for h in &pinned {
+            pin(&mut g, *h);
+        }
+        drop(g);
+        Lease {
+            cache: Arc::clone(self),
+            pinned,
+            hit_blocks: hits,
+        }
+    }
+}
+
+fn pin(g: &mut Inner, h: BlockHash) {
+    if g.free.pop(&h).is_some() {
+        g.pins.insert(h, 1);
+    } else if let Some(n) = g.pins.get_mut(&h) {
+        *n += 1;
+    }
+}
+
+impl Lease {
+    /// Leading blocks found in the cache.
+    pub fn hit_blocks(&self) -> usize {
+        self.hit_blocks
+    }
+
+    /// After prefill: stores the prompt's full blocks (the same `hashes` given to
+    /// [`BlockPrefixCache::acquire`]) beyond the hits, evicting unpinned LRU blocks for room.
+    /// When everything left is pinned, the rest is not stored.
+    pub fn store(&mut self, hashes: &[BlockHash]) -> StoreOutcome {
+        let cache = Arc::clone(&self.cache);
+        let mut g = cache.lock();
+        let mut out = StoreOutcome::default();
+        if cache.capacity == 0 {
+            return out;
+        }
+        for &h in hashes.iter().skip(self.hit_blocks) {
+            if g.pins.contains_key(&h) || g.free.contains(&h) {
+                // computed concurrently by another request: share it
+                pin(&mut g, h);
+                self.pinned.push(h);
+                continue;
+            }
+            if g.pins.len() + g.free.len() >= cache.capacity {
+                if g.free.pop_lru().is_none() {
+                    break;
+                }
+                out.evicted += 1;
+            }
+            g.pins.insert(h, 1);
+            self.pinned.push(h);
+            out.stored += 1;
+        }
+        out
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let mut g = self.cache.lock();
+        for h in self.pinned.drain(..) {
+            match g.pins.get_mut(&h) {
+                Some(n) if *n > 1 => *n -= 1,
+                Some(_) => {
+                    g.pins.remove(&h);
+                    g.free.put(h, ());
+                }
+                None => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hs(r: std::ops::Range<u64>) -> Vec<BlockHash> {
+        r.map(BlockHash).collect()
+    }
+
+    #[test]
+    fn longest_leading_chain() {
+        let c = BlockPrefixCache::new(10);
+        let mut l = c.acquire(&hs(0..3), 400, 128);
+        assert_eq!(l.hit_blocks(), 0);
+        assert_eq!(l.store(&hs(0..3)).stored, 3);
+        drop(l);
+        assert_eq!(c.acquire(&hs(0..3), 400, 128).hit_blocks(), 3);
+        // only the first block shared
+        let mixed = vec![BlockHash(0), BlockHash(77), BlockHash(2)];
+        assert_eq!(c.acquire(&mixed, 400, 128).hit_blocks(), 1);
+        // a gap at the start means no hit at all
+        let gap = vec![BlockHash(99), BlockHash(1)];
+        assert_eq!(c.acquire(&gap, 400, 128).hit_blocks(), 0);
+    }
+
+    #[test]
+    fn whole_prompt_cached_recomputes_last_block() {
+        let c = BlockPrefixCache::new(10);
+        c.acquire(&hs(0..2), 256, 128).store(&hs(0..2));
+        assert_eq!(c.acquire(&hs(0..2), 256, 128).hit_blocks(), 1);
+        assert_eq!(c.acquire(&hs(0..2), 257, 128).hit_blocks(), 2);
+    }
+
+    #[test]
+    fn lru_eviction_at_capacity() {
+        let c = BlockPrefixCache::new(3);
+        c.acquire(&hs(0..2), 1000, 128).store(&hs(0..2));
+        c.acquire(&hs(10..11), 1000, 128).store(&hs(10..11));
+        // touch block 0..2 so block 10 becomes least recently used
+        drop(c.acquire(&hs(0..2), 1000, 128));
+        let out = c.acquire(&hs(20..21), 1000, 128).store(&hs(20..21));
+        assert_eq!(out, StoreOutcome { stored: 1, evicted: 1 });
+        assert!(!c.contains(&BlockHash(10)));
+        assert!(c.contains(&BlockHash(0)) && c.contains(&BlockHash(1)));
+        assert_eq!(c.len(), 3);
+    }
+
+    #[test]
+    fn pinned_blocks_are_never_evicted() {
+        let c = BlockPrefixCache::new(2);
+        let mut running = c.acquire(&hs(0..2), 1000, 128);
+        running.store(&hs(0..2));
+        // everything is pinned: a new request cannot store
+        let out = c.acquire(&hs(5..6), 1000, 128).store(&hs(5..6));
+        assert_eq!(out, StoreOutcome { stored: 0, evicted: 0 });
+        assert!(c.contains(&BlockHash(0)) && c.contains(&BlockHash(1)));
+        drop(running);
+        let out = c.acquire(&hs(5..6), 1000, 128).store(&hs(5..6));
+        assert_eq!(out, StoreOutcome { stored: 1, evicted: 1 });
+        assert_eq!(c.len(), 2);
+        assert!((c.usage() - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn zero_capacity_caches_nothing() {
+        let c = BlockPrefixCache::new(0);
+        assert_eq!(c.acquire(&hs(0..2), 300, 128).store(&hs(0..2)).stored, 0);
+        assert_eq!(c.acquire(&hs(0..2), 300, 128).hit_blocks(), 0);
+    }
+
+    #[test]
+    fn concurrent_use_is_consistent() {
+        let c = BlockPrefixCache::new(50);
+        std::thread::scope(|s| {
+            for t in 0..4u64 {
+                let c = &c;
+                s.spawn(move || {
+                    for i in 0..500u64 {
+                        let h = hs((t * 7 + i) % 80..(t * 7 + i) % 80 + 3);
+                        let mut l = c.acquire(&h, 1000, 128);
+                        l.store(&h);
+                    }
+                });
+            }
+        });
+        assert!(c.len() <= 50);
+        let g = c.lock();
+        assert!(g.pins.is_empty(), "all leases dropped, nothing pinned");
+    }
+}

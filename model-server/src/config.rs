@@ -1,0 +1,147 @@
+//! Command-line configuration, validated once at start-up.
+
+use clap::Parser;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Name under which the default model is served.
+pub const DEFAULT_MODEL_NAME: &str = "SmolLM2-135M-Instruct";
+
+/// Where `scripts/setup.sh` puts models: `$PREFIX_ROUTER_DATA`, else `<repo>/data`.
+pub fn data_dir() -> PathBuf {
+    std::env::var_os("PREFIX_ROUTER_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../data")))
+}
+
+/// The default model directory (GGUF + tokenizer.json + tokenizer_config.json).
+pub fn default_model_dir() -> PathBuf {
+    data_dir().join("models").join(DEFAULT_MODEL_NAME)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum EngineKind {
+    /// Simulated latency model; no real inference.
+    Sim,
+}
+
+/// An OpenAI-compatible model server with a block prefix cache.
+#[derive(Parser, Debug, Clone)]
+#[command(name = "model-server", version)]
+pub struct Config {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    pub listen: SocketAddr,
+    /// Pod name used in metrics labels and the `x-inference-pod` header (default: the listen address).
+    #[arg(long)]
+    pub pod_name: Option<String>,
+    /// Prefix-cache block size in tokens (must equal the router's).
+    #[arg(long, default_value_t = 128)]
+    pub block_size: u32,
+    /// Prefix-cache capacity in blocks (0 disables the cache).
+    #[arg(long, default_value_t = 4096)]
+    pub cache_blocks: usize,
+    /// Requests computed concurrently; the rest wait.
+    #[arg(long, default_value_t = 8)]
+    pub max_num_seqs: usize,
+    /// Requests allowed to wait for a running slot; beyond that the server answers 429.
+    #[arg(long, default_value_t = 256)]
+    pub max_waiting: usize,
+    /// Longest prompt in tokens.
+    #[arg(long, default_value_t = 8192)]
+    pub max_model_len: usize,
+    /// Largest request body in bytes (413 beyond).
+    #[arg(long, default_value_t = 4 * 1024 * 1024)]
+    pub max_body_bytes: usize,
+    /// Tokens generated when a request sets no `max_tokens`.
+    #[arg(long, default_value_t = 16)]
+    pub default_max_tokens: u32,
+    /// Inference engine.
+    #[arg(long, value_enum, default_value_t = EngineKind::Sim)]
+    pub engine: EngineKind,
+    /// Name the model is served under (requests naming another model get 404).
+    #[arg(long, default_value = DEFAULT_MODEL_NAME)]
+    pub served_model_name: String,
+    /// Model file (GGUF); used by real engines.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Tokenizer: a `tokenizer.json`, or a directory holding it (and optionally `tokenizer_config.json` with the chat template).
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// sim: fixed time to first token, milliseconds.
+    #[arg(long, default_value_t = 2.0)]
+    pub sim_ttft_base_ms: f64,
+    /// sim: prefill cost per uncached prompt token, microseconds.
+    #[arg(long, default_value_t = 200.0)]
+    pub sim_prefill_us_per_token: f64,
+    /// sim: decode delay per generated token, milliseconds.
+    #[arg(long, default_value_t = 2.0)]
+    pub sim_decode_ms_per_token: f64,
+}
+
+/// A configuration value that cannot work, naming the flag.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid --{field}: {reason}")]
+pub struct ConfigError {
+    pub field: &'static str,
+    pub reason: String,
+}
+
+impl Config {
+    /// Checks the values that clap's types cannot.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |field, reason: &str| {
+            Err(ConfigError {
+                field,
+                reason: reason.to_owned(),
+            })
+        };
+        if self.block_size == 0 {
+            return bad("block-size", "must be at least 1");
+        }
+        if self.max_num_seqs == 0 {
+            return bad("max-num-seqs", "must be at least 1");
+        }
+        if self.max_model_len == 0 {
+            return bad("max-model-len", "must be at least 1");
+        }
+        if self.max_body_bytes < 64 {
+            return bad("max-body-bytes", "must be at least 64");
+        }
+        if self.default_max_tokens == 0 {
+            return bad("default-max-tokens", "must be at least 1");
+        }
+        for (field, v) in [
+            ("sim-ttft-base-ms", self.sim_ttft_base_ms),
+            ("sim-prefill-us-per-token", self.sim_prefill_us_per_token),
+            ("sim-decode-ms-per-token", self.sim_decode_ms_per_token),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return bad(field, "must be a finite number ≥ 0");
+            }
+        }
+        if self.served_model_name.is_empty() {
+            return bad("served-model-name", "must not be empty");
+        }
+        Ok(())
+    }
+
+    pub fn pod_name(&self) -> String {
+        self.pod_name
+            .clone()
+            .unwrap_or_else(|| self.listen.to_string())
+    }
+
+    /// The `(tokenizer.json, tokenizer_config.json?)` paths to load.
+    pub fn tokenizer_paths(&self) -> (PathBuf, Option<PathBuf>) {
+        let p = self.tokenizer.clone().unwrap_or_else(default_model_dir);
+        let (json, dir) = if p.is_dir() {
+            (p.join("tokenizer.json"), p)
+        } else {
+            let dir = p.parent().map(PathBuf::from).unwrap_or_default();
+            (p, dir)
+        };
+        let cfg = dir.join("tokenizer_config.json");
+        (json, cfg.is_file().then_some(cfg))
+    }
+}

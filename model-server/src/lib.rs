@@ -1,0 +1,63 @@
+//! An OpenAI-compatible model server with a block prefix cache.
+//!
+//! It is the "pod" that prefix-aware routing sends work to: it tokenizes and hashes prompts
+//! exactly as the router does (`prefix-core`), keeps the blocks it computed in a bounded LRU
+//! prefix cache, skips their prefill on a hit, and reports it all under vLLM's metric names.
+
+pub mod admission;
+pub mod api;
+pub mod cache;
+pub mod config;
+pub mod engine;
+pub mod metrics;
+pub mod state;
+
+pub use config::Config;
+pub use state::AppState;
+
+use std::future::Future;
+use tokio::net::TcpListener;
+
+/// Serves `config` on `listener` until `shutdown` completes; in-flight requests then finish.
+pub async fn run(
+    config: Config,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let state = AppState::new(config)?;
+    tracing::info!(
+        pod = %state.pod,
+        addr = %listener.local_addr()?,
+        engine = state.engine.name(),
+        model = state.bundle.name(),
+        block_size = state.config.block_size,
+        cache_blocks = state.config.cache_blocks,
+        "model server listening"
+    );
+    axum::serve(listener, api::router(state))
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    Ok(())
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}

