@@ -244,7 +244,9 @@ pub fn tokenizer_json(meta: &Metadata) -> Result<(Json, TokenizerInfo), GgufErro
     let mut vocab = Map::with_capacity(tokens.len());
     let mut added = Vec::new();
     for (id, tok) in tokens.iter().enumerate() {
-        let text = tok.as_str().ok_or(GgufError::Missing("tokenizer.ggml.tokens"))?;
+        let text = tok
+            .as_str()
+            .ok_or(GgufError::Missing("tokenizer.ggml.tokens"))?;
         vocab.insert(text.to_owned(), json!(id));
         // llama.cpp token types: 3 = control (special), 4 = user-defined (added, not special).
         let ty = types.get(id).and_then(Value::as_i64).unwrap_or(1);
@@ -346,7 +348,10 @@ mod tests {
         for cut in 0..full.len() {
             assert!(parse_metadata(&full[..cut]).is_err(), "cut at {cut}");
         }
-        assert_eq!(parse_metadata(b"GGML\0\0\0\0").unwrap_err(), GgufError::BadMagic);
+        assert_eq!(
+            parse_metadata(b"GGML\0\0\0\0").unwrap_err(),
+            GgufError::BadMagic
+        );
         let mut huge = b"GGUF".to_vec();
         huge.extend_from_slice(&3u32.to_le_bytes());
         huge.extend_from_slice(&0u64.to_le_bytes());

@@ -15,9 +15,17 @@ use crate::tokenizer::{Tokenizer, TokenizerError};
 pub struct TokenizerConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chat_template: Option<String>,
-    #[serde(default, deserialize_with = "token_name", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "token_name",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub bos_token: Option<String>,
-    #[serde(default, deserialize_with = "token_name", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "token_name",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub eos_token: Option<String>,
 }
 
@@ -152,8 +160,11 @@ impl ModelBundle {
     }
 
     fn encode(&self, text: &str) -> Result<Vec<u32>, ApiError> {
-        self.tokenizer
-            .encode(text)
-            .map_err(|e| ApiError::invalid(format!("prompt could not be tokenized: {e}"), Some("prompt")))
+        self.tokenizer.encode(text).map_err(|e| {
+            ApiError::invalid(
+                format!("prompt could not be tokenized: {e}"),
+                Some("prompt"),
+            )
+        })
     }
 }

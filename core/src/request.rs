@@ -63,17 +63,26 @@ pub struct InferenceRequest {
 pub fn parse_request(endpoint: Endpoint, body: &[u8]) -> Result<InferenceRequest, ApiError> {
     let text = std::str::from_utf8(body).map_err(|e| {
         ApiError::invalid(
-            format!("request body is not valid UTF-8 (at byte {})", e.valid_up_to()),
+            format!(
+                "request body is not valid UTF-8 (at byte {})",
+                e.valid_up_to()
+            ),
             None,
         )
     })?;
     if text.trim().is_empty() {
-        return Err(ApiError::invalid("request body is empty; expected a JSON object", None));
+        return Err(ApiError::invalid(
+            "request body is empty; expected a JSON object",
+            None,
+        ));
     }
     let value: Value = serde_json::from_str(text)
         .map_err(|e| ApiError::invalid(format!("request body is not valid JSON: {e}"), None))?;
     let Value::Object(obj) = value else {
-        return Err(ApiError::invalid("request body must be a JSON object", None));
+        return Err(ApiError::invalid(
+            "request body must be a JSON object",
+            None,
+        ));
     };
 
     let prompt = match endpoint {
@@ -100,17 +109,22 @@ fn parse_prompt(obj: &Map<String, Value>) -> Result<PromptInput, ApiError> {
         .get("prompt")
         .ok_or_else(|| ApiError::invalid("missing required field 'prompt'", Some("prompt")))?;
     match p {
-        Value::String(s) if s.is_empty() => {
-            Err(ApiError::invalid("'prompt' must not be empty", Some("prompt")))
-        }
+        Value::String(s) if s.is_empty() => Err(ApiError::invalid(
+            "'prompt' must not be empty",
+            Some("prompt"),
+        )),
         Value::String(s) => Ok(PromptInput::Text(s.clone())),
-        Value::Array(items) if items.is_empty() => {
-            Err(ApiError::invalid("'prompt' must not be empty", Some("prompt")))
-        }
+        Value::Array(items) if items.is_empty() => Err(ApiError::invalid(
+            "'prompt' must not be empty",
+            Some("prompt"),
+        )),
         Value::Array(items) => {
             if let [Value::String(s)] = items.as_slice() {
                 if s.is_empty() {
-                    return Err(ApiError::invalid("'prompt' must not be empty", Some("prompt")));
+                    return Err(ApiError::invalid(
+                        "'prompt' must not be empty",
+                        Some("prompt"),
+                    ));
                 }
                 return Ok(PromptInput::Text(s.clone()));
             }
@@ -138,10 +152,16 @@ fn parse_messages(obj: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError
         .get("messages")
         .ok_or_else(|| ApiError::invalid("missing required field 'messages'", Some("messages")))?;
     let Value::Array(items) = m else {
-        return Err(ApiError::invalid("'messages' must be an array", Some("messages")));
+        return Err(ApiError::invalid(
+            "'messages' must be an array",
+            Some("messages"),
+        ));
     };
     if items.is_empty() {
-        return Err(ApiError::invalid("'messages' must not be empty", Some("messages")));
+        return Err(ApiError::invalid(
+            "'messages' must not be empty",
+            Some("messages"),
+        ));
     }
     items
         .iter()
@@ -195,7 +215,10 @@ fn opt_string(obj: &Map<String, Value>, key: &str) -> Result<Option<String>, Api
     match obj.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(_) => Err(ApiError::invalid(format!("'{key}' must be a string"), Some(key))),
+        Some(_) => Err(ApiError::invalid(
+            format!("'{key}' must be a string"),
+            Some(key),
+        )),
     }
 }
 
@@ -203,7 +226,10 @@ fn opt_bool(obj: &Map<String, Value>, key: &str) -> Result<Option<bool>, ApiErro
     match obj.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(_) => Err(ApiError::invalid(format!("'{key}' must be a boolean"), Some(key))),
+        Some(_) => Err(ApiError::invalid(
+            format!("'{key}' must be a boolean"),
+            Some(key),
+        )),
     }
 }
 
@@ -262,7 +288,10 @@ fn parse_stop(obj: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
             .map(|v| v.as_str().map(str::to_owned))
             .collect::<Option<Vec<_>>>()
             .ok_or_else(|| {
-                ApiError::invalid("'stop' must be a string or an array of strings", Some("stop"))
+                ApiError::invalid(
+                    "'stop' must be a string or an array of strings",
+                    Some("stop"),
+                )
             }),
         Some(_) => Err(ApiError::invalid(
             "'stop' must be a string or an array of strings",
@@ -281,7 +310,11 @@ mod tests {
 
     #[test]
     fn completions_text_and_ids() {
-        let r = parse_request(Endpoint::Completions, br#"{"model":"m","prompt":"hi","stream":true,"cache_salt":"t1","max_tokens":5}"#).unwrap();
+        let r = parse_request(
+            Endpoint::Completions,
+            br#"{"model":"m","prompt":"hi","stream":true,"cache_salt":"t1","max_tokens":5}"#,
+        )
+        .unwrap();
         assert_eq!(r.prompt, PromptInput::Text("hi".into()));
         assert!(r.stream);
         assert_eq!(r.cache_salt.as_deref(), Some("t1"));
@@ -302,8 +335,14 @@ mod tests {
         assert_eq!(
             r.prompt,
             PromptInput::Chat(vec![
-                ChatMessage { role: "system".into(), content: "s".into() },
-                ChatMessage { role: "user".into(), content: "ab".into() },
+                ChatMessage {
+                    role: "system".into(),
+                    content: "s".into()
+                },
+                ChatMessage {
+                    role: "user".into(),
+                    content: "ab".into()
+                },
             ])
         );
     }
@@ -319,29 +358,84 @@ mod tests {
             (Endpoint::Completions, br#"{"prompt":""}"#, Some("prompt")),
             (Endpoint::Completions, br#"{"prompt":[]}"#, Some("prompt")),
             (Endpoint::Completions, br#"{"prompt":42}"#, Some("prompt")),
-            (Endpoint::Completions, br#"{"prompt":["a","b"]}"#, Some("prompt")),
-            (Endpoint::Completions, br#"{"prompt":"x","stream":"yes"}"#, Some("stream")),
-            (Endpoint::Completions, br#"{"prompt":"x","max_tokens":0}"#, Some("max_tokens")),
-            (Endpoint::Completions, br#"{"prompt":"x","cache_salt":5}"#, Some("cache_salt")),
-            (Endpoint::Completions, br#"{"prompt":"x","temperature":9}"#, Some("temperature")),
-            (Endpoint::ChatCompletions, br#"{"prompt":"x"}"#, Some("messages")),
-            (Endpoint::ChatCompletions, br#"{"messages":[]}"#, Some("messages")),
-            (Endpoint::ChatCompletions, br#"{"messages":"hi"}"#, Some("messages")),
-            (Endpoint::ChatCompletions, br#"{"messages":[{"role":"user"}]}"#, Some("messages[0].content")),
-            (Endpoint::ChatCompletions, br#"{"messages":[{"content":"x"}]}"#, Some("messages[0].role")),
-            (Endpoint::ChatCompletions, br#"{"messages":[{"role":"user","content":1}]}"#, Some("messages[0].content")),
+            (
+                Endpoint::Completions,
+                br#"{"prompt":["a","b"]}"#,
+                Some("prompt"),
+            ),
+            (
+                Endpoint::Completions,
+                br#"{"prompt":"x","stream":"yes"}"#,
+                Some("stream"),
+            ),
+            (
+                Endpoint::Completions,
+                br#"{"prompt":"x","max_tokens":0}"#,
+                Some("max_tokens"),
+            ),
+            (
+                Endpoint::Completions,
+                br#"{"prompt":"x","cache_salt":5}"#,
+                Some("cache_salt"),
+            ),
+            (
+                Endpoint::Completions,
+                br#"{"prompt":"x","temperature":9}"#,
+                Some("temperature"),
+            ),
+            (
+                Endpoint::ChatCompletions,
+                br#"{"prompt":"x"}"#,
+                Some("messages"),
+            ),
+            (
+                Endpoint::ChatCompletions,
+                br#"{"messages":[]}"#,
+                Some("messages"),
+            ),
+            (
+                Endpoint::ChatCompletions,
+                br#"{"messages":"hi"}"#,
+                Some("messages"),
+            ),
+            (
+                Endpoint::ChatCompletions,
+                br#"{"messages":[{"role":"user"}]}"#,
+                Some("messages[0].content"),
+            ),
+            (
+                Endpoint::ChatCompletions,
+                br#"{"messages":[{"content":"x"}]}"#,
+                Some("messages[0].role"),
+            ),
+            (
+                Endpoint::ChatCompletions,
+                br#"{"messages":[{"role":"user","content":1}]}"#,
+                Some("messages[0].content"),
+            ),
         ];
         for (ep, body, param) in cases {
             let e = err(*ep, body);
             assert_eq!(e.status, 400, "{:?}", String::from_utf8_lossy(body));
-            assert_eq!(e.param.as_deref(), *param, "{:?}", String::from_utf8_lossy(body));
+            assert_eq!(
+                e.param.as_deref(),
+                *param,
+                "{:?}",
+                String::from_utf8_lossy(body)
+            );
         }
     }
 
     #[test]
     fn endpoint_from_path() {
-        assert_eq!(Endpoint::from_path("/v1/completions"), Some(Endpoint::Completions));
-        assert_eq!(Endpoint::from_path("/v1/chat/completions?x=1"), Some(Endpoint::ChatCompletions));
+        assert_eq!(
+            Endpoint::from_path("/v1/completions"),
+            Some(Endpoint::Completions)
+        );
+        assert_eq!(
+            Endpoint::from_path("/v1/chat/completions?x=1"),
+            Some(Endpoint::ChatCompletions)
+        );
         assert_eq!(Endpoint::from_path("/v1/models"), None);
     }
 }

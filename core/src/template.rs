@@ -73,9 +73,15 @@ mod tests {
     fn renders_chatml() {
         let t = ChatTemplate::new(CHATML, "", "").unwrap();
         let out = t
-            .render(&[ChatMessage { role: "user".into(), content: "hi".into() }])
+            .render(&[ChatMessage {
+                role: "user".into(),
+                content: "hi".into(),
+            }])
             .unwrap();
-        assert_eq!(out, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+        assert_eq!(
+            out,
+            "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+        );
     }
 
     #[test]

@@ -2,6 +2,8 @@
 //! wasm filter, the server, another language) that reproduces these computes the same hashes.
 //! Regenerate only on a deliberate scheme change: `GOLDEN_REGENERATE=1 cargo test -p prefix-core`.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
 use prefix_core::block::{block_hashes, root_hash, BlockHash, BlockSize};
 use serde::{Deserialize, Serialize};
 
@@ -29,9 +31,24 @@ fn cases() -> Vec<Case> {
     };
     vec![
         mk("SmolLM2-135M-Instruct", None, 4, (0..10).collect()),
-        mk("SmolLM2-135M-Instruct", Some("tenant-a"), 4, (0..10).collect()),
-        mk("SmolLM2-135M-Instruct", None, 128, (0..300).map(|i| (i * 7919) % 49152).collect()),
-        mk("other-model", None, 128, (0..300).map(|i| (i * 7919) % 49152).collect()),
+        mk(
+            "SmolLM2-135M-Instruct",
+            Some("tenant-a"),
+            4,
+            (0..10).collect(),
+        ),
+        mk(
+            "SmolLM2-135M-Instruct",
+            None,
+            128,
+            (0..300).map(|i| (i * 7919) % 49152).collect(),
+        ),
+        mk(
+            "other-model",
+            None,
+            128,
+            (0..300).map(|i| (i * 7919) % 49152).collect(),
+        ),
         mk("SmolLM2-135M-Instruct", None, 128, (0..127).collect()),
     ]
 }
@@ -49,7 +66,11 @@ fn golden_vectors_match() {
         let root = root_hash(&c.model, c.cache_salt.as_deref());
         assert_eq!(root, c.root, "root for {} / {:?}", c.model, c.cache_salt);
         let got = block_hashes(root, &c.tokens, BlockSize::new(c.block_size).unwrap());
-        assert_eq!(got, c.hashes, "hashes for {} / {:?} / bs {}", c.model, c.cache_salt, c.block_size);
+        assert_eq!(
+            got, c.hashes,
+            "hashes for {} / {:?} / bs {}",
+            c.model, c.cache_salt, c.block_size
+        );
     }
     // sanity on the vectors themselves: salts separate, partial blocks are not hashed
     assert_ne!(stored[0].hashes, stored[1].hashes);

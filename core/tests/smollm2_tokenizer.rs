@@ -2,6 +2,8 @@
 //! tokens have the model's ids, text round-trips, and the chat template renders and
 //! tokenizes as SmolLM2 expects.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
 use prefix_core::request::{parse_request, Endpoint};
 use prefix_core::{BlockSize, ModelBundle};
 use std::path::PathBuf;
@@ -18,7 +20,13 @@ fn bundle() -> ModelBundle {
     let json = std::fs::read(dir.join("tokenizer.json"))
         .unwrap_or_else(|e| panic!("{}: {e} — run scripts/setup.sh first", dir.display()));
     let cfg = std::fs::read(dir.join("tokenizer_config.json")).unwrap();
-    ModelBundle::new("SmolLM2-135M-Instruct", &json, Some(&cfg), BlockSize::default()).unwrap()
+    ModelBundle::new(
+        "SmolLM2-135M-Instruct",
+        &json,
+        Some(&cfg),
+        BlockSize::default(),
+    )
+    .unwrap()
 }
 
 #[test]

@@ -46,11 +46,22 @@ pub fn router(state: Arc<AppState>) -> Router {
 
 fn error_response(e: &ApiError) -> Response {
     let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (status, [(header::CONTENT_TYPE, "application/json")], e.to_json()).into_response()
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        e.to_json(),
+    )
+        .into_response()
 }
 
 async fn not_found(req: Request) -> Response {
-    error_response(&ApiError::not_found(format!("no route for {} {}", req.method(), req.uri().path()), None).with_code("not_found"))
+    error_response(
+        &ApiError::not_found(
+            format!("no route for {} {}", req.method(), req.uri().path()),
+            None,
+        )
+        .with_code("not_found"),
+    )
 }
 
 async fn health(State(s): State<Arc<AppState>>) -> Json<Value> {
@@ -89,13 +100,15 @@ async fn read_body(req: Request, limit: usize) -> Result<Bytes, ApiError> {
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(ApiError::too_large(limit));
     }
-    axum::body::to_bytes(req.into_body(), limit).await.map_err(|e| {
-        if is_length_limit(&e) {
-            ApiError::too_large(limit)
-        } else {
-            ApiError::invalid(format!("could not read request body: {e}"), None)
-        }
-    })
+    axum::body::to_bytes(req.into_body(), limit)
+        .await
+        .map_err(|e| {
+            if is_length_limit(&e) {
+                ApiError::too_large(limit)
+            } else {
+                ApiError::invalid(format!("could not read request body: {e}"), None)
+            }
+        })
 }
 
 fn is_length_limit(e: &axum::Error) -> bool {
@@ -201,7 +214,11 @@ impl Drop for RunningGuard {
     }
 }
 
-async fn inference(s: &Arc<AppState>, endpoint: Endpoint, req: Request) -> Result<Response, ApiError> {
+async fn inference(
+    s: &Arc<AppState>,
+    endpoint: Endpoint,
+    req: Request,
+) -> Result<Response, ApiError> {
     let started = Instant::now();
     let body = read_body(req, s.config.max_body_bytes).await?;
     let r = parse_request(endpoint, &body)?;
@@ -218,7 +235,10 @@ async fn inference(s: &Arc<AppState>, endpoint: Endpoint, req: Request) -> Resul
         .with_code("context_length_exceeded"));
     }
     if n_prompt == 0 {
-        return Err(ApiError::invalid("the prompt tokenizes to nothing", Some("prompt")));
+        return Err(ApiError::invalid(
+            "the prompt tokenizes to nothing",
+            Some("prompt"),
+        ));
     }
 
     let metrics = &s.metrics;
@@ -276,7 +296,11 @@ async fn inference(s: &Arc<AppState>, endpoint: Endpoint, req: Request) -> Resul
         let (result, completion) = tokio::join!(engine_fut, forward);
         state.metrics.generation_tokens.inc_by(completion as u64);
         state.metrics.e2e.observe(started.elapsed().as_secs_f64());
-        let usage = Usage { prompt: n_prompt, completion, cached };
+        let usage = Usage {
+            prompt: n_prompt,
+            completion,
+            cached,
+        };
         let last = match result {
             Ok(reason) => Chunk::Done(reason, usage),
             Err(EngineError::Cancelled) => return,
@@ -333,7 +357,12 @@ async fn collect_response(
     Err(ApiError::internal("generation ended without a result"))
 }
 
-fn stream_response(endpoint: Endpoint, id: String, model: String, rx: mpsc::Receiver<Chunk>) -> Response {
+fn stream_response(
+    endpoint: Endpoint,
+    id: String,
+    model: String,
+    rx: mpsc::Receiver<Chunk>,
+) -> Response {
     let created = unix_now();
     let object = match endpoint {
         Endpoint::Completions => "text_completion",
@@ -371,8 +400,10 @@ fn stream_response(endpoint: Endpoint, id: String, model: String, rx: mpsc::Rece
         };
         Ok::<_, Infallible>(ev)
     });
-    let done = futures::stream::once(async { Ok::<_, Infallible>(Event::default().data("[DONE]")) });
+    let done =
+        futures::stream::once(async { Ok::<_, Infallible>(Event::default().data("[DONE]")) });
     let mut res = Sse::new(events.chain(done)).into_response();
-    res.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    res.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     res
 }

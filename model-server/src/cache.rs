@@ -94,7 +94,12 @@ impl BlockPrefixCache {
 
     /// Looks up the longest chain of leading blocks of a prompt of `prompt_tokens` tokens and
     /// pins those blocks. At least one prompt token is always left to compute.
-    pub fn acquire(self: &Arc<Self>, hashes: &[BlockHash], prompt_tokens: usize, block_size: usize) -> Lease {
+    pub fn acquire(
+        self: &Arc<Self>,
+        hashes: &[BlockHash],
+        prompt_tokens: usize,
+        block_size: usize,
+    ) -> Lease {
         let mut g = self.lock();
         let mut hits = hashes
             .iter()
@@ -217,7 +222,13 @@ mod tests {
         // touch block 0..2 so block 10 becomes least recently used
         drop(c.acquire(&hs(0..2), 1000, 128));
         let out = c.acquire(&hs(20..21), 1000, 128).store(&hs(20..21));
-        assert_eq!(out, StoreOutcome { stored: 1, evicted: 1 });
+        assert_eq!(
+            out,
+            StoreOutcome {
+                stored: 1,
+                evicted: 1
+            }
+        );
         assert!(!c.contains(&BlockHash(10)));
         assert!(c.contains(&BlockHash(0)) && c.contains(&BlockHash(1)));
         assert_eq!(c.len(), 3);
@@ -230,11 +241,23 @@ mod tests {
         running.store(&hs(0..2));
         // everything is pinned: a new request cannot store
         let out = c.acquire(&hs(5..6), 1000, 128).store(&hs(5..6));
-        assert_eq!(out, StoreOutcome { stored: 0, evicted: 0 });
+        assert_eq!(
+            out,
+            StoreOutcome {
+                stored: 0,
+                evicted: 0
+            }
+        );
         assert!(c.contains(&BlockHash(0)) && c.contains(&BlockHash(1)));
         drop(running);
         let out = c.acquire(&hs(5..6), 1000, 128).store(&hs(5..6));
-        assert_eq!(out, StoreOutcome { stored: 1, evicted: 1 });
+        assert_eq!(
+            out,
+            StoreOutcome {
+                stored: 1,
+                evicted: 1
+            }
+        );
         assert_eq!(c.len(), 2);
         assert!((c.usage() - 1.0).abs() < 1e-9);
     }

@@ -27,7 +27,7 @@ pub enum EngineKind {
 
 /// An OpenAI-compatible model server with a block prefix cache.
 #[derive(Parser, Debug, Clone)]
-#[command(name = "model-server", version)]
+#[command(name = "model-server", version, args_override_self = true)]
 pub struct Config {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:8000")]

@@ -30,7 +30,12 @@ const LATENCY_BUCKETS: &[f64] = &[
 ];
 
 impl Metrics {
-    pub fn new(model_name: &str, pod: &str, block_size: u32, num_blocks: usize) -> prometheus::Result<Self> {
+    pub fn new(
+        model_name: &str,
+        pod: &str,
+        block_size: u32,
+        num_blocks: usize,
+    ) -> prometheus::Result<Self> {
         let registry = Registry::new();
         let opts = |name: &str, help: &str| {
             Opts::new(name, help)
@@ -49,9 +54,7 @@ impl Metrics {
         };
         let histogram = |name: &str, help: &str| -> prometheus::Result<Histogram> {
             let o = opts(name, help);
-            let h = Histogram::with_opts(
-                HistogramOpts::from(o).buckets(LATENCY_BUCKETS.to_vec()),
-            )?;
+            let h = Histogram::with_opts(HistogramOpts::from(o).buckets(LATENCY_BUCKETS.to_vec()))?;
             registry.register(Box::new(h.clone()))?;
             Ok(h)
         };
@@ -62,9 +65,12 @@ impl Metrics {
         ))?;
         registry.register(Box::new(kv_cache_usage.clone()))?;
         let info = Gauge::with_opts(
-            opts("vllm:cache_config_info", "Information of the prefix-cache configuration.")
-                .const_label("block_size", block_size.to_string())
-                .const_label("num_gpu_blocks", num_blocks.to_string()),
+            opts(
+                "vllm:cache_config_info",
+                "Information of the prefix-cache configuration.",
+            )
+            .const_label("block_size", block_size.to_string())
+            .const_label("num_gpu_blocks", num_blocks.to_string()),
         )?;
         info.set(1.0);
         registry.register(Box::new(info))?;
@@ -84,7 +90,10 @@ impl Metrics {
             prompt_tokens: counter("vllm:prompt_tokens_total", "Prompt tokens processed.")?,
             generation_tokens: counter("vllm:generation_tokens_total", "Tokens generated.")?,
             ttft: histogram("vllm:time_to_first_token_seconds", "Time to first token.")?,
-            e2e: histogram("vllm:e2e_request_latency_seconds", "End-to-end request latency.")?,
+            e2e: histogram(
+                "vllm:e2e_request_latency_seconds",
+                "End-to-end request latency.",
+            )?,
             blocks_stored: counter(
                 "prefix_router:cache_blocks_stored_total",
                 "Blocks inserted into the prefix cache.",

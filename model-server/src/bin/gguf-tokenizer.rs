@@ -21,12 +21,15 @@ struct Args {
 
 /// Reads just enough of the file to cover its metadata (the tensors are not needed).
 fn read_metadata(path: &PathBuf) -> anyhow::Result<prefix_core::gguf::Metadata> {
-    let mut file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut file =
+        std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let mut buf = Vec::new();
     let mut want = 4 << 20;
     loop {
         let have = buf.len();
-        (&mut file).take((want - have) as u64).read_to_end(&mut buf)?;
+        (&mut file)
+            .take((want - have) as u64)
+            .read_to_end(&mut buf)?;
         match parse_metadata(&buf) {
             Err(GgufError::Truncated) if buf.len() == want => want *= 2,
             other => return other.with_context(|| format!("reading {}", path.display())),

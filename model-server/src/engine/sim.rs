@@ -35,7 +35,10 @@ impl SimCosts {
 
     /// Modelled prefill time for `uncached` prompt tokens.
     pub fn ttft(&self, uncached: usize) -> Duration {
-        self.ttft_base + self.prefill_per_token.saturating_mul(uncached.min(u32::MAX as usize) as u32)
+        self.ttft_base
+            + self
+                .prefill_per_token
+                .saturating_mul(uncached.min(u32::MAX as usize) as u32)
     }
 }
 
@@ -75,7 +78,11 @@ impl Engine for SimEngine {
         Box::pin(async move {
             let uncached = req.prompt_tokens.len().saturating_sub(req.cached_tokens);
             pause(costs.ttft(uncached)).await;
-            let bytes: Vec<u8> = req.prompt_tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+            let bytes: Vec<u8> = req
+                .prompt_tokens
+                .iter()
+                .flat_map(|t| t.to_le_bytes())
+                .collect();
             let mut state = xxh3_64(&bytes) ^ req.seed.unwrap_or(0);
             let mut text = String::new();
             for i in 0..req.max_tokens {
@@ -90,7 +97,11 @@ impl Engine for SimEngine {
                 };
                 text.push_str(&piece);
                 out.send(piece).await.map_err(|_| EngineError::Cancelled)?;
-                if req.stop.iter().any(|s| !s.is_empty() && text.ends_with(s.as_str())) {
+                if req
+                    .stop
+                    .iter()
+                    .any(|s| !s.is_empty() && text.ends_with(s.as_str()))
+                {
                     return Ok(FinishReason::Stop);
                 }
             }

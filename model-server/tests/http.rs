@@ -1,0 +1,455 @@
+//! The model server over real HTTP on 127.0.0.1 (port 0): prefix-cache behaviour, metrics,
+//! OpenAI shapes, streaming, bad input and graceful shutdown.
+
+use clap::Parser;
+use model_server::{run, Config};
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+struct Server {
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    http: reqwest::Client,
+}
+
+async fn start(extra: &[&str]) -> Server {
+    let mut args = vec![
+        "model-server",
+        "--pod-name",
+        "pod-test",
+        "--sim-ttft-base-ms",
+        "0",
+        "--sim-prefill-us-per-token",
+        "0",
+        "--sim-decode-ms-per-token",
+        "0",
+    ];
+    args.extend_from_slice(extra);
+    let config = Config::try_parse_from(args).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (stop, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(run(config, listener, async {
+        let _ = rx.await;
+    }));
+    let http = reqwest::Client::new();
+    // poll for readiness instead of sleeping
+    for _ in 0..500 {
+        if let Ok(r) = http.get(format!("http://{addr}/health")).send().await {
+            if r.status().is_success() {
+                return Server {
+                    addr,
+                    stop: Some(stop),
+                    task,
+                    http,
+                };
+            }
+        }
+        if task.is_finished() {
+            panic!("server exited: {:?}", task.await);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("server did not become healthy");
+}
+
+impl Server {
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    async fn post(&self, path: &str, body: &Value) -> (u16, Value, reqwest::header::HeaderMap) {
+        let r = self
+            .http
+            .post(self.url(path))
+            .json(body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let headers = r.headers().clone();
+        let v = r.json::<Value>().await.unwrap_or(Value::Null);
+        (status, v, headers)
+    }
+
+    async fn post_raw(
+        &self,
+        path: &str,
+        body: Vec<u8>,
+    ) -> (u16, Value, reqwest::header::HeaderMap) {
+        let r = self
+            .http
+            .post(self.url(path))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let headers = r.headers().clone();
+        (
+            status,
+            r.json::<Value>().await.unwrap_or(Value::Null),
+            headers,
+        )
+    }
+
+    async fn cached(&self, path: &str, body: &Value) -> u64 {
+        let (s, v, _) = self.post(path, body).await;
+        assert_eq!(s, 200, "{v}");
+        v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+    }
+
+    async fn metric(&self, name: &str) -> f64 {
+        let text = self
+            .http
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .find(|l| l.starts_with(&format!("{name}{{")))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("metric {name} not found in\n{text}"))
+    }
+
+    async fn token_count(&self, body: &Value) -> usize {
+        let (s, v, _) = self.post("/tokenize", body).await;
+        assert_eq!(s, 200, "{v}");
+        v["count"].as_u64().unwrap() as usize
+    }
+
+    async fn shutdown(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        self.task.await.unwrap().unwrap();
+    }
+}
+
+const RUNBOOK: &str = "You are the on-call assistant for the payments platform. Before answering, \
+read the incident context carefully. Always confirm the affected service, the region, the time \
+the alert fired and the current error rate. Check the deployment history for changes in the last \
+two hours, and compare latency percentiles against the weekly baseline. If a rollback is \
+possible and the change correlates with the incident, recommend it first. Escalate to the \
+database team when replication lag exceeds thirty seconds. Never restart stateful services \
+without a snapshot. Summarise findings as: impact, probable cause, next action, owner. ";
+
+/// A completions body of roughly 2.5 blocks (between 2 and 3 full blocks).
+async fn prompt_of_2_5_blocks(s: &Server) -> (Value, usize) {
+    let text = format!("{RUNBOOK}{RUNBOOK}Context: the checkout service in eu-west-1 started returning HTTP 502 errors at 09:14 UTC, shortly after a change to the connection pool size. Question: what should I check first?");
+    let body = json!({"prompt": text, "max_tokens": 4});
+    let n = s.token_count(&body).await;
+    assert!(
+        (257..384).contains(&n),
+        "test prompt should be 2-3 blocks, has {n} tokens"
+    );
+    (body, n)
+}
+
+#[tokio::test]
+async fn short_prompt_never_hits() {
+    let s = start(&[]).await;
+    let body = json!({"prompt": "Short prompt, well under one block.", "max_tokens": 3});
+    assert_eq!(s.cached("/v1/completions", &body).await, 0);
+    assert_eq!(s.cached("/v1/completions", &body).await, 0);
+    assert_eq!(s.metric("vllm:prefix_cache_hits_total").await, 0.0);
+    assert!(s.metric("vllm:prefix_cache_queries_total").await > 0.0);
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn repeated_prompt_hits_full_blocks_and_counts_tokens() {
+    let s = start(&[]).await;
+    let (body, n) = prompt_of_2_5_blocks(&s).await;
+    assert_eq!(s.cached("/v1/completions", &body).await, 0);
+    assert_eq!(s.metric("vllm:prefix_cache_hits_total").await, 0.0);
+    assert_eq!(s.cached("/v1/completions", &body).await, 256);
+    assert_eq!(s.metric("vllm:prefix_cache_hits_total").await, 256.0);
+    assert_eq!(
+        s.metric("vllm:prefix_cache_queries_total").await,
+        2.0 * n as f64
+    );
+    assert_eq!(
+        s.metric("prefix_router:cache_blocks_stored_total").await,
+        2.0
+    );
+
+    // a prompt that shares only the first block reuses exactly 128 tokens
+    let (_, v, _) = s.post("/tokenize", &body).await;
+    let mut ids: Vec<u64> = v["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect();
+    for t in ids.iter_mut().skip(128) {
+        *t = (*t + 1) % 49000 + 3;
+    }
+    let partial = json!({"prompt": ids, "max_tokens": 2});
+    assert_eq!(s.cached("/v1/completions", &partial).await, 128);
+    assert_eq!(s.metric("vllm:prefix_cache_hits_total").await, 384.0);
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn cache_salt_isolates_tenants() {
+    let s = start(&[]).await;
+    let (mut body, _) = prompt_of_2_5_blocks(&s).await;
+    body["cache_salt"] = json!("tenant-a");
+    assert_eq!(s.cached("/v1/completions", &body).await, 0);
+    body["cache_salt"] = json!("tenant-b");
+    assert_eq!(s.cached("/v1/completions", &body).await, 0);
+    body["cache_salt"] = json!("tenant-a");
+    assert_eq!(s.cached("/v1/completions", &body).await, 256);
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn lru_evicts_at_capacity() {
+    let s = start(&["--cache-blocks", "3"]).await;
+    let (a, _) = prompt_of_2_5_blocks(&s).await;
+    let b = json!({"prompt": format!("Different lead-in. {}", a["prompt"].as_str().unwrap()), "max_tokens": 2});
+    assert_eq!(s.cached("/v1/completions", &a).await, 0); // stores 2 blocks
+    assert_eq!(s.cached("/v1/completions", &b).await, 0); // needs 2, evicts 1 of a's
+    assert_eq!(
+        s.metric("prefix_router:cache_blocks_evicted_total").await,
+        1.0
+    );
+    assert_eq!(s.metric("vllm:kv_cache_usage_perc").await, 1.0);
+    // a's first block was least recently used and is gone: no leading chain left
+    assert_eq!(s.cached("/v1/completions", &a).await, 0);
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn chat_and_streaming() {
+    let s = start(&[]).await;
+    let chat = json!({"messages": [
+        {"role": "system", "content": format!("{RUNBOOK}{RUNBOOK}")},
+        {"role": "user", "content": "The checkout API returns 502s. What first?"},
+    ], "max_tokens": 5});
+    let (st, v, h) = s.post("/v1/chat/completions", &chat).await;
+    assert_eq!(st, 200);
+    assert_eq!(h.get("x-inference-pod").unwrap(), "pod-test");
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    assert!(v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .starts_with("[simulated]"));
+    assert_eq!(v["usage"]["completion_tokens"], 5);
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert!(s.cached("/v1/chat/completions", &chat).await >= 256);
+
+    // streaming chat: SSE chunks, usage on the last, then [DONE]
+    let mut stream_body = chat.clone();
+    stream_body["stream"] = json!(true);
+    let r = s
+        .http
+        .post(s.url("/v1/chat/completions"))
+        .json(&stream_body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
+    let text = r.text().await.unwrap();
+    let datas: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    assert_eq!(*datas.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = datas[..datas.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert_eq!(chunks[0]["object"], "chat.completion.chunk");
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let last = chunks.last().unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "length");
+    assert!(
+        last["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            >= 256
+    );
+
+    // streaming completions
+    let r = s
+        .http
+        .post(s.url("/v1/completions"))
+        .json(&json!({"prompt": "hello", "stream": true, "max_tokens": 3}))
+        .send()
+        .await
+        .unwrap();
+    let text = r.text().await.unwrap();
+    let datas: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    assert_eq!(
+        datas.len(),
+        3 + 1 + 1,
+        "3 tokens, a final chunk, [DONE]: {text}"
+    );
+    assert_eq!(*datas.last().unwrap(), "[DONE]");
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn models_health_tokenize() {
+    let s = start(&[]).await;
+    let v: Value = s
+        .http
+        .get(s.url("/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["data"][0]["id"], "SmolLM2-135M-Instruct");
+    let r = s.http.get(s.url("/health")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let (st, v, _) = s
+        .post(
+            "/tokenize",
+            &json!({"messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+    assert_eq!(st, 200);
+    assert_eq!(v["tokens"][0], 1, "chat starts with <|im_start|>");
+    assert_eq!(v["block_hashes"].as_array().unwrap().len(), 0);
+    let r = s.http.get(s.url("/nope")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    assert_eq!(r.headers()["x-inference-pod"], "pod-test");
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn bad_input_gets_openai_errors() {
+    let s = start(&["--max-body-bytes", "2048", "--max-model-len", "200"]).await;
+    let cases: Vec<(&str, Vec<u8>, u16)> = vec![
+        ("/v1/completions", b"{not json".to_vec(), 400),
+        ("/v1/completions", b"\xff\xfe\x00garbage".to_vec(), 400),
+        (
+            "/v1/completions",
+            br#"{"model":"SmolLM2-135M-Instruct"}"#.to_vec(),
+            400,
+        ),
+        ("/v1/completions", br#"{"prompt":""}"#.to_vec(), 400),
+        ("/v1/completions", br#"{"prompt":{"a":1}}"#.to_vec(), 400),
+        (
+            "/v1/completions",
+            br#"{"prompt":"x","max_tokens":"many"}"#.to_vec(),
+            400,
+        ),
+        ("/v1/chat/completions", br#"{"messages":[]}"#.to_vec(), 400),
+        (
+            "/v1/chat/completions",
+            br#"{"messages":[{"role":"user","content":5}]}"#.to_vec(),
+            400,
+        ),
+        (
+            "/v1/completions",
+            br#"{"model":"gpt-4","prompt":"hi"}"#.to_vec(),
+            404,
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x".repeat(4000)}).to_string().into_bytes(),
+            413,
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "word ".repeat(300)})
+                .to_string()
+                .into_bytes(),
+            400,
+        ),
+    ];
+    for (path, body, want) in cases {
+        let shown = String::from_utf8_lossy(&body)
+            .chars()
+            .take(60)
+            .collect::<String>();
+        let (st, v, h) = s.post_raw(path, body).await;
+        assert_eq!(st, want, "{path} {shown}: {v}");
+        assert!(v["error"]["message"].is_string(), "{shown}: {v}");
+        assert!(v["error"]["type"].is_string());
+        assert!(v["error"].get("param").is_some() && v["error"].get("code").is_some());
+        assert_eq!(h["x-inference-pod"], "pod-test");
+    }
+    // the server is still serving after all that
+    assert_eq!(
+        s.cached("/v1/completions", &json!({"prompt": "still alive"}))
+            .await,
+        0
+    );
+    assert!(s.metric("prefix_router:requests_rejected_total").await >= 11.0);
+    s.shutdown().await;
+}
+
+#[tokio::test]
+async fn full_queue_is_429_and_shutdown_drains() {
+    let s = start(&[
+        "--max-num-seqs",
+        "1",
+        "--max-waiting",
+        "0",
+        "--sim-decode-ms-per-token",
+        "20",
+    ])
+    .await;
+    let slow = {
+        let http = s.http.clone();
+        let url = s.url("/v1/completions");
+        tokio::spawn(async move {
+            http.post(url)
+                .json(&json!({"prompt": "slow one", "max_tokens": 25}))
+                .send()
+                .await
+                .unwrap()
+        })
+    };
+    // wait until it is running
+    while s.metric("vllm:num_requests_running").await < 1.0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let (st, v, _) = s.post("/v1/completions", &json!({"prompt": "x"})).await;
+    assert_eq!(st, 429, "{v}");
+    assert_eq!(v["error"]["type"], "rate_limit_error");
+    // shut down while the slow request is in flight: it still completes
+    s.shutdown().await;
+    let r = slow.await.unwrap();
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["usage"]["completion_tokens"], 25);
+}
+
+#[tokio::test]
+async fn bad_config_names_the_field() {
+    let config = Config::try_parse_from(["model-server", "--block-size", "0"]).unwrap();
+    let err = config.validate().unwrap_err().to_string();
+    assert!(err.contains("--block-size"), "{err}");
+    let config =
+        Config::try_parse_from(["model-server", "--tokenizer", "/nonexistent/tokenizer.json"])
+            .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let err = run(config, listener, async {}).await.unwrap_err();
+    assert!(
+        format!("{err:#}").contains("/nonexistent/tokenizer.json"),
+        "{err:#}"
+    );
+}

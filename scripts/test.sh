@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The whole test suite: what CI runs (.ci/run calls exactly this).
+# Installs what is missing (scripts/setup.sh), then: rustfmt check, clippy -D warnings, core
+# builds for wasm32, and every test, including the ones that start real processes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy -D warnings"
+cargo clippy --workspace --all-targets -q -- -D warnings
+echo "== prefix-core builds for wasm32"
+cargo build -q -p prefix-core --target wasm32-wasip1
+# wasm32-unknown-unknown has no OS randomness; tokenizers' hash seeds use getrandom, whose
+# "custom" backend lets the embedding binary supply it. Type-check that target too.
+CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS='--cfg getrandom_backend="custom"' \
+  cargo check -q -p prefix-core --target wasm32-unknown-unknown
+echo "== tests"
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --no-fail-fast
+else
+  cargo test --workspace --no-fail-fast
+fi
