@@ -11,12 +11,17 @@
 //! - [`block`]: chained XXH3 block hashes over full token blocks.
 //! - [`gguf`]: read a GGUF file's metadata and turn its vocabulary into a `tokenizer.json`.
 //! - [`model`]: the one bundle (tokenizer + template + names) that turns a body into hashes.
+//! - [`policy`], [`table`], [`router_config`]: the routing decision, the bounded ownership
+//!   table's layout, and the filter's validated configuration.
 
 pub mod block;
 pub mod error;
 pub mod gguf;
 pub mod model;
+pub mod policy;
 pub mod request;
+pub mod router_config;
+pub mod table;
 pub mod template;
 pub mod tokenizer;
 

@@ -1,0 +1,143 @@
+//! The ownership table in Envoy shared data: which pod computed which block.
+//!
+//! Layout and replacement rules live in `prefix_core::table`; this is the thin part that
+//! reads and writes the slots through [`Host`], with compare-and-swap so Envoy's worker
+//! threads never lose each other's updates silently.
+
+use crate::host::{Host, SetOutcome};
+use prefix_core::table::{pick_slot, Entry, TableLayout};
+use prefix_core::BlockHash;
+
+/// What recording a prompt's blocks did to the table.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RecordStats {
+    pub written: u32,
+    /// Slots that held another block and were overwritten (capacity pressure).
+    pub replaced: u32,
+    /// Slots that were empty before.
+    pub filled: u32,
+    /// Writes lost to a concurrent writer (CAS mismatch) or a host failure.
+    pub conflicts: u32,
+}
+
+pub struct OwnershipTable<'a, H: Host> {
+    host: &'a H,
+    layout: &'a TableLayout,
+}
+
+impl<'a, H: Host> OwnershipTable<'a, H> {
+    pub fn new(host: &'a H, layout: &'a TableLayout) -> Self {
+        OwnershipTable { host, layout }
+    }
+
+    fn read(&self, slot: u64) -> (Option<Entry>, Option<u32>) {
+        match self.host.shared_get(&self.layout.key(slot)) {
+            Some((v, cas)) => (Entry::decode(&v), cas),
+            None => (None, None),
+        }
+    }
+
+    /// The pod address that owns `h`, if any.
+    pub fn owner(&self, h: BlockHash) -> Option<String> {
+        self.layout
+            .slots(h)
+            .into_iter()
+            .filter_map(|s| self.read(s).0)
+            .find(|e| e.hash == h)
+            .map(|e| e.pod)
+    }
+
+    /// Records `pod` as the owner of every block in `hashes`.
+    pub fn record(&self, hashes: &[BlockHash], pod: &str) -> RecordStats {
+        let mut stats = RecordStats::default();
+        for &h in hashes {
+            let slots = self.layout.slots(h);
+            let cur = [self.read(slots[0]), self.read(slots[1])];
+            let i = pick_slot(h, [cur[0].0.as_ref(), cur[1].0.as_ref()]);
+            let (old, cas) = &cur[i];
+            if old.as_ref().is_some_and(|e| e.hash == h && e.pod == pod) {
+                continue; // already ours; keep the original stamp cheap to skip
+            }
+            let entry = Entry {
+                hash: h,
+                stamp: self.host.now_nanos(),
+                pod: pod.to_owned(),
+            };
+            match self.host.shared_set(&self.layout.key(slots[i]), &entry.encode(), *cas) {
+                SetOutcome::Written => {
+                    stats.written += 1;
+                    match old {
+                        Some(e) if e.hash != h => stats.replaced += 1,
+                        None => stats.filled += 1,
+                        _ => {}
+                    }
+                }
+                SetOutcome::CasMismatch | SetOutcome::Failed => stats.conflicts += 1,
+            }
+        }
+        stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::fake::FakeHost;
+
+    #[test]
+    fn record_then_lookup() {
+        let host = FakeHost::default();
+        let layout = TableLayout::new("t", 1024);
+        let t = OwnershipTable::new(&host, &layout);
+        let hs: Vec<BlockHash> = (1..=5).map(|i| BlockHash(i * 1_000_003)).collect();
+        assert_eq!(t.owner(hs[0]), None);
+        let s = t.record(&hs, "127.0.0.1:1");
+        assert_eq!(s.written, 5);
+        assert_eq!(s.filled, 5);
+        assert!(hs.iter().all(|&h| t.owner(h).as_deref() == Some("127.0.0.1:1")));
+        // re-recording the same owner writes nothing; a new owner takes over
+        assert_eq!(t.record(&hs, "127.0.0.1:1").written, 0);
+        assert_eq!(t.record(&hs[..1], "127.0.0.1:2").written, 1);
+        assert_eq!(t.owner(hs[0]).as_deref(), Some("127.0.0.1:2"));
+    }
+
+    #[test]
+    fn bounded_and_oldest_replaced() {
+        let host = FakeHost::default();
+        let layout = TableLayout::new("t", 16);
+        let t = OwnershipTable::new(&host, &layout);
+        let mut replaced = 0;
+        for i in 0..1000u64 {
+            replaced += t.record(&[BlockHash(i.wrapping_mul(0x9E37_79B9_7F4A_7C15))], "127.0.0.1:1").replaced;
+        }
+        assert!(host.data.borrow().len() <= 16, "never more keys than slots");
+        assert!(replaced > 900);
+        // the newest block is always findable
+        let last = BlockHash(999u64.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        assert_eq!(t.owner(last).as_deref(), Some("127.0.0.1:1"));
+    }
+
+    #[test]
+    fn cas_conflict_is_counted_not_lost_silently() {
+        struct Racy(FakeHost);
+        impl Host for Racy {
+            fn shared_get(&self, k: &str) -> Option<(Vec<u8>, Option<u32>)> {
+                self.0.shared_get(k)
+            }
+            fn shared_set(&self, k: &str, v: &[u8], cas: Option<u32>) -> SetOutcome {
+                // another worker writes between our read and our write
+                self.0.shared_set(k, b"interleaved-garbage", None);
+                self.0.shared_set(k, v, cas)
+            }
+            fn now_nanos(&self) -> u64 {
+                self.0.now_nanos()
+            }
+        }
+        let host = Racy(FakeHost::default());
+        let layout = TableLayout::new("t", 64);
+        let t = OwnershipTable::new(&host, &layout);
+        t.record(&[BlockHash(7)], "127.0.0.1:1"); // creates the key (no CAS on new keys)
+        let s = t.record(&[BlockHash(7)], "127.0.0.1:2");
+        assert_eq!(s.conflicts, 1);
+    }
+}
