@@ -26,6 +26,9 @@ impl fmt::Debug for Tokenizer {
 impl Tokenizer {
     /// Parses the bytes of a `tokenizer.json`.
     pub fn from_json_bytes(bytes: &[u8]) -> Result<Self, TokenizerError> {
+        // One prompt at a time: never spin up rayon threads (wasm has none, the server
+        // already runs requests concurrently).
+        tokenizers::utils::parallelism::set_parallelism(false);
         let inner =
             tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| TokenizerError(e.to_string()))?;
         Ok(Tokenizer { inner })

@@ -1,0 +1,165 @@
+//! A fleet on 127.0.0.1: N model-server pods and, optionally, Envoy with the filter in front.
+
+use crate::envoy_config::{render, EnvoySettings};
+use crate::paths;
+use crate::process::{free_port, wait_until, Proc};
+use anyhow::{bail, Context};
+use reqwest::blocking::Client;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+/// One model-server process.
+pub struct Pod {
+    pub name: String,
+    /// `127.0.0.1:port`
+    pub addr: String,
+    pub proc: Proc,
+}
+
+/// One Envoy process.
+pub struct Envoy {
+    pub listen_port: u16,
+    pub admin_port: u16,
+    pub config_path: PathBuf,
+    pub proc: Proc,
+}
+
+impl Envoy {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{}", self.listen_port, path)
+    }
+
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{}", self.admin_port, path)
+    }
+}
+
+/// A fresh run directory for logs and rendered configs.
+pub fn run_dir(name: &str) -> PathBuf {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "prefix-router-{name}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// An HTTP client with bounded timeouts.
+pub fn client() -> Client {
+    Client::builder()
+        .timeout(Duration::from_secs(60))
+        .connect_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap_or_default()
+}
+
+fn healthy(http: &Client, url: &str) -> bool {
+    http.get(url)
+        .timeout(Duration::from_secs(2))
+        .send()
+        .is_ok_and(|r| r.status().is_success())
+}
+
+/// Starts `n` pods named `pod-0..` with extra model-server flags, and waits for health.
+pub fn start_pods(n: usize, extra_args: &[&str], dir: &Path) -> anyhow::Result<Vec<Pod>> {
+    let bin = paths::model_server_bin();
+    if !bin.is_file() {
+        bail!("{} not built (cargo build -p model-server)", bin.display());
+    }
+    let http = client();
+    let mut pods = Vec::with_capacity(n);
+    for i in 0..n {
+        pods.push(start_pod(&format!("pod-{i}"), free_port()?, extra_args, dir, &http)?);
+    }
+    Ok(pods)
+}
+
+/// Starts one pod on `port` (used again to restart a pod on the same address).
+pub fn start_pod(name: &str, port: u16, extra_args: &[&str], dir: &Path, http: &Client) -> anyhow::Result<Pod> {
+    let addr = format!("127.0.0.1:{port}");
+    let mut cmd = Command::new(paths::model_server_bin());
+    cmd.args(["--listen", &addr, "--pod-name", name]).args(extra_args);
+    let mut proc = Proc::spawn(name, cmd, dir)?;
+    let health = format!("http://{addr}/health");
+    wait_until(name, &mut proc, Duration::from_secs(30), || healthy(http, &health))?;
+    Ok(Pod {
+        name: name.to_owned(),
+        addr,
+        proc,
+    })
+}
+
+/// `envoy --mode validate` on a rendered config.
+pub fn validate_config(path: &Path) -> anyhow::Result<()> {
+    let out = Command::new(paths::envoy_bin())
+        .args(["--mode", "validate", "--disable-hot-restart", "-c"])
+        .arg(path)
+        .output()
+        .with_context(|| format!("running {}", paths::envoy_bin().display()))?;
+    if !out.status.success() {
+        bail!(
+            "envoy --mode validate failed for {}:\n{}{}",
+            path.display(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+/// Renders a config for `pods`, validates it, starts Envoy (`--concurrency 2`), waits until
+/// the admin endpoint says LIVE and the listener answers.
+pub fn start_envoy(name: &str, pods: &[String], wasm: bool, tweak: impl FnOnce(&mut EnvoySettings), dir: &Path) -> anyhow::Result<Envoy> {
+    let wasm_path = paths::wasm_path();
+    if wasm && !wasm_path.is_file() {
+        bail!("{} not built (scripts/build-filter.sh)", wasm_path.display());
+    }
+    let mut settings = EnvoySettings::new(free_port()?, free_port()?, pods.to_vec(), wasm.then_some(wasm_path));
+    tweak(&mut settings);
+    std::fs::create_dir_all(dir)?;
+    let config_path = dir.join(format!("{name}.yaml"));
+    std::fs::write(&config_path, render(&settings, &paths::envoy_template_dir())?)?;
+    validate_config(&config_path)?;
+    let mut cmd = Command::new(paths::envoy_bin());
+    cmd.arg("-c")
+        .arg(&config_path)
+        .args(["--concurrency", "2", "--disable-hot-restart", "--log-level", "warn", "--component-log-level", "wasm:info"]);
+    let mut proc = Proc::spawn(name, cmd, dir)?;
+    let http = client();
+    let ready = format!("http://127.0.0.1:{}/ready", settings.admin_port);
+    wait_until(name, &mut proc, Duration::from_secs(60), || healthy(&http, &ready))?;
+    Ok(Envoy {
+        listen_port: settings.listen_port,
+        admin_port: settings.admin_port,
+        config_path,
+        proc,
+    })
+}
+
+/// The value of a counter/gauge series `name` in a Prometheus text exposition (first match,
+/// summed over all series when `sum` is true).
+pub fn metric_value(text: &str, name: &str) -> Option<f64> {
+    let mut found = None;
+    for line in text.lines() {
+        if line.starts_with('#') {
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ')?;
+        let series_name = series.split('{').next().unwrap_or(series);
+        if series_name == name {
+            let v: f64 = value.parse().ok()?;
+            found = Some(found.unwrap_or(0.0) + v);
+        }
+    }
+    found
+}
+
+/// A pod's metric, read from its `/metrics` (summed over label sets).
+pub fn pod_metric(http: &Client, addr: &str, name: &str) -> anyhow::Result<f64> {
+    let text = http.get(format!("http://{addr}/metrics")).send()?.text()?;
+    metric_value(&text, name).with_context(|| format!("{name} not exposed by {addr}"))
+}
