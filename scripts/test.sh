@@ -15,6 +15,9 @@ cargo build -q -p prefix-core --target wasm32-wasip1
 # "custom" backend lets the embedding binary supply it. Type-check that target too.
 CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS='--cfg getrandom_backend="custom"' \
   cargo check -q -p prefix-core --target wasm32-unknown-unknown
+echo "== build binaries the real-process tests start (model-server, wasm filter)"
+cargo build -q -p model-server --bins
+scripts/build-filter.sh
 echo "== tests"
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --no-fail-fast

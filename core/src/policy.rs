@@ -121,13 +121,55 @@ mod tests {
             want: Reason,
         }
         let cases = vec![
-            Case { name: "short prompt balances", hashes: vec![], owners: vec![], want_pod: Some(2), want: Reason::ShortPrompt },
-            Case { name: "cold uses rendezvous", hashes: vec![h(1), h(2)], owners: vec![], want_pod: rendezvous(h(1), &PODS), want: Reason::Cold },
-            Case { name: "full hit", hashes: vec![h(1), h(2)], owners: vec![(1, 1), (2, 1)], want_pod: Some(1), want: Reason::PrefixHit { blocks: 2 } },
-            Case { name: "deepest owner wins", hashes: vec![h(1), h(2), h(3)], owners: vec![(1, 0), (2, 2)], want_pod: Some(2), want: Reason::PrefixHit { blocks: 2 } },
-            Case { name: "gap stops the chain", hashes: vec![h(1), h(2), h(3)], owners: vec![(1, 0), (3, 2)], want_pod: Some(0), want: Reason::PrefixHit { blocks: 1 } },
-            Case { name: "first block unknown is cold", hashes: vec![h(9), h(2)], owners: vec![(2, 1)], want_pod: rendezvous(h(9), &PODS), want: Reason::Cold },
-            Case { name: "owner outside pod list ignored", hashes: vec![h(1)], owners: vec![(1, 7)], want_pod: rendezvous(h(1), &PODS), want: Reason::Cold },
+            Case {
+                name: "short prompt balances",
+                hashes: vec![],
+                owners: vec![],
+                want_pod: Some(2),
+                want: Reason::ShortPrompt,
+            },
+            Case {
+                name: "cold uses rendezvous",
+                hashes: vec![h(1), h(2)],
+                owners: vec![],
+                want_pod: rendezvous(h(1), &PODS),
+                want: Reason::Cold,
+            },
+            Case {
+                name: "full hit",
+                hashes: vec![h(1), h(2)],
+                owners: vec![(1, 1), (2, 1)],
+                want_pod: Some(1),
+                want: Reason::PrefixHit { blocks: 2 },
+            },
+            Case {
+                name: "deepest owner wins",
+                hashes: vec![h(1), h(2), h(3)],
+                owners: vec![(1, 0), (2, 2)],
+                want_pod: Some(2),
+                want: Reason::PrefixHit { blocks: 2 },
+            },
+            Case {
+                name: "gap stops the chain",
+                hashes: vec![h(1), h(2), h(3)],
+                owners: vec![(1, 0), (3, 2)],
+                want_pod: Some(0),
+                want: Reason::PrefixHit { blocks: 1 },
+            },
+            Case {
+                name: "first block unknown is cold",
+                hashes: vec![h(9), h(2)],
+                owners: vec![(2, 1)],
+                want_pod: rendezvous(h(9), &PODS),
+                want: Reason::Cold,
+            },
+            Case {
+                name: "owner outside pod list ignored",
+                hashes: vec![h(1)],
+                owners: vec![(1, 7)],
+                want_pod: rendezvous(h(1), &PODS),
+                want: Reason::Cold,
+            },
         ];
         for c in cases {
             let owners: HashMap<u64, usize> = c.owners.into_iter().collect();

@@ -86,7 +86,10 @@ impl RouterConfig {
         }
         for (i, p) in self.pods.iter().enumerate() {
             if p.parse::<SocketAddr>().is_err() {
-                return Err(err(&format!("pods[{i}]"), format!("'{p}' is not an ip:port address")));
+                return Err(err(
+                    &format!("pods[{i}]"),
+                    format!("'{p}' is not an ip:port address"),
+                ));
             }
         }
         if self.block_size == 0 || self.block_size > 65_536 {
@@ -119,8 +122,14 @@ mod tests {
             (r#"{"pods":[]}"#, "pods"),
             (r#"{"pods":["localhost"]}"#, "pods[0]"),
             (r#"{"pods":["127.0.0.1:1"],"block_size":0}"#, "block_size"),
-            (r#"{"pods":["127.0.0.1:1"],"table_capacity":0}"#, "table_capacity"),
-            (r#"{"pods":["127.0.0.1:1"],"max_body_bytes":1}"#, "max_body_bytes"),
+            (
+                r#"{"pods":["127.0.0.1:1"],"table_capacity":0}"#,
+                "table_capacity",
+            ),
+            (
+                r#"{"pods":["127.0.0.1:1"],"max_body_bytes":1}"#,
+                "max_body_bytes",
+            ),
             (r#"{"pods":["127.0.0.1:1"],"model_name":""}"#, "model_name"),
             (r#"{"pods":["127.0.0.1:1"],"podz":1}"#, "podz"),
             (r#"{}"#, "pods"),

@@ -103,7 +103,11 @@ mod tests {
     use super::*;
 
     fn e(h: u64, stamp: u64) -> Entry {
-        Entry { hash: BlockHash(h), stamp, pod: "127.0.0.1:8001".into() }
+        Entry {
+            hash: BlockHash(h),
+            stamp,
+            pod: "127.0.0.1:8001".into(),
+        }
     }
 
     #[test]

@@ -66,7 +66,10 @@ pub mod fake {
             if self.fail_reads.get() {
                 return None;
             }
-            self.data.borrow().get(key).map(|(v, c)| (v.clone(), Some(*c)))
+            self.data
+                .borrow()
+                .get(key)
+                .map(|(v, c)| (v.clone(), Some(*c)))
         }
 
         fn shared_set(&self, key: &str, value: &[u8], cas: Option<u32>) -> SetOutcome {

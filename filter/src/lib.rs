@@ -35,6 +35,9 @@ static TOKENIZER_CONFIG_JSON: &[u8] =
 pub const POD_DEBUG_HEADER: &str = "x-prefix-router-pod";
 pub const REASON_DEBUG_HEADER: &str = "x-prefix-router-reason";
 pub const BLOCKS_DEBUG_HEADER: &str = "x-prefix-router-matched-blocks";
+/// Hash of the prompt's last full block as the filter computed it: compare with the server's
+/// `/tokenize` to prove both tokenize and hash identically.
+pub const PREFIX_HASH_DEBUG_HEADER: &str = "x-prefix-router-prefix-hash";
 
 /// Builds the embedded model bundle; `None` (logged) if it cannot be loaded.
 pub fn embedded_bundle(config: &RouterConfig) -> Option<ModelBundle> {
@@ -99,6 +102,7 @@ impl RootContext for RouterRoot {
             metrics: self.metrics,
             endpoint: None,
             decision: None,
+            prefix_hash: None,
             done: false,
         }))
     }
@@ -113,6 +117,7 @@ struct RouterHttp {
     metrics: Metrics,
     endpoint: Option<Endpoint>,
     decision: Option<Decision>,
+    prefix_hash: Option<String>,
     done: bool,
 }
 
@@ -150,6 +155,7 @@ impl RouterHttp {
                 if let Ok(d) = self.get_current_time().duration_since(started) {
                     self.metrics.route_time(d.as_micros() as u64);
                 }
+                self.prefix_hash = routed.prefix_hash.map(|h| h.to_hex());
                 self.set_destination(&router, routed.decision);
                 Action::Continue
             }
@@ -168,7 +174,11 @@ impl HttpContext for RouterHttp {
         };
         let path = self.get_http_request_header(":path").unwrap_or_default();
         let method = self.get_http_request_header(":method").unwrap_or_default();
-        self.endpoint = if method == "POST" { Endpoint::from_path(&path) } else { None };
+        self.endpoint = if method == "POST" {
+            Endpoint::from_path(&path)
+        } else {
+            None
+        };
         if self.endpoint.is_none() {
             self.set_destination(&router, router.balanced(Reason::Passthrough));
             return Action::Continue;
@@ -223,6 +233,9 @@ impl HttpContext for RouterHttp {
             self.set_http_response_header(REASON_DEBUG_HEADER, Some(d.reason.as_str()));
             let blocks = d.reason.matched_blocks().to_string();
             self.set_http_response_header(BLOCKS_DEBUG_HEADER, Some(&blocks));
+            if let Some(h) = self.prefix_hash.clone() {
+                self.set_http_response_header(PREFIX_HASH_DEBUG_HEADER, Some(&h));
+            }
         }
         Action::Continue
     }

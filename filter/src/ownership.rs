@@ -63,7 +63,10 @@ impl<'a, H: Host> OwnershipTable<'a, H> {
                 stamp: self.host.now_nanos(),
                 pod: pod.to_owned(),
             };
-            match self.host.shared_set(&self.layout.key(slots[i]), &entry.encode(), *cas) {
+            match self
+                .host
+                .shared_set(&self.layout.key(slots[i]), &entry.encode(), *cas)
+            {
                 SetOutcome::Written => {
                     stats.written += 1;
                     match old {
@@ -94,7 +97,9 @@ mod tests {
         let s = t.record(&hs, "127.0.0.1:1");
         assert_eq!(s.written, 5);
         assert_eq!(s.filled, 5);
-        assert!(hs.iter().all(|&h| t.owner(h).as_deref() == Some("127.0.0.1:1")));
+        assert!(hs
+            .iter()
+            .all(|&h| t.owner(h).as_deref() == Some("127.0.0.1:1")));
         // re-recording the same owner writes nothing; a new owner takes over
         assert_eq!(t.record(&hs, "127.0.0.1:1").written, 0);
         assert_eq!(t.record(&hs[..1], "127.0.0.1:2").written, 1);
@@ -108,7 +113,12 @@ mod tests {
         let t = OwnershipTable::new(&host, &layout);
         let mut replaced = 0;
         for i in 0..1000u64 {
-            replaced += t.record(&[BlockHash(i.wrapping_mul(0x9E37_79B9_7F4A_7C15))], "127.0.0.1:1").replaced;
+            replaced += t
+                .record(
+                    &[BlockHash(i.wrapping_mul(0x9E37_79B9_7F4A_7C15))],
+                    "127.0.0.1:1",
+                )
+                .replaced;
         }
         assert!(host.data.borrow().len() <= 16, "never more keys than slots");
         assert!(replaced > 900);

@@ -9,7 +9,7 @@ use prefix_core::policy::{choose, Decision, Reason};
 use prefix_core::request::{parse_request, Endpoint};
 use prefix_core::router_config::RouterConfig;
 use prefix_core::table::TableLayout;
-use prefix_core::{ApiError, ModelBundle};
+use prefix_core::{ApiError, BlockHash, ModelBundle};
 use std::cell::Cell;
 
 /// Everything a worker's requests share: built once per VM in `on_configure`.
@@ -26,6 +26,9 @@ pub struct Router {
 pub struct Routed {
     pub decision: Decision,
     pub table: RecordStats,
+    /// Hash of the prompt's last full block (it names the whole hashed prefix); `None` for
+    /// prompts shorter than a block or when the filter failed open.
+    pub prefix_hash: Option<BlockHash>,
 }
 
 impl Router {
@@ -62,7 +65,12 @@ impl Router {
 
     /// Routes an inference request body. `Err` is a client error to answer with (4xx), exactly
     /// as the server would; the router's own failures never surface here, they fall back.
-    pub fn route<H: Host>(&self, host: &H, endpoint: Endpoint, body: &[u8]) -> Result<Routed, ApiError> {
+    pub fn route<H: Host>(
+        &self,
+        host: &H,
+        endpoint: Endpoint,
+        body: &[u8],
+    ) -> Result<Routed, ApiError> {
         if body.len() > self.config.max_body_bytes {
             return Err(ApiError::too_large(self.config.max_body_bytes));
         }
@@ -71,6 +79,7 @@ impl Router {
             return Ok(Routed {
                 decision: self.balanced(Reason::Fallback),
                 table: RecordStats::default(),
+                prefix_hash: None,
             });
         };
         let prompt = bundle.prepare(&req)?;
@@ -80,13 +89,18 @@ impl Router {
         let decision = choose(
             pods,
             &prompt.hashes,
-            |h| table.owner(h).and_then(|addr| pods.iter().position(|p| *p == addr)),
+            |h| {
+                table
+                    .owner(h)
+                    .and_then(|addr| pods.iter().position(|p| *p == addr))
+            },
             balance as usize,
         );
         let Some(decision) = decision else {
             return Ok(Routed {
                 decision: self.balanced(Reason::Fallback),
                 table: RecordStats::default(),
+                prefix_hash: None,
             });
         };
         if decision.reason == Reason::ShortPrompt {
@@ -96,6 +110,7 @@ impl Router {
         Ok(Routed {
             decision,
             table: stats,
+            prefix_hash: prompt.hashes.last().copied(),
         })
     }
 }
@@ -119,7 +134,13 @@ mod tests {
         // WordLevel needs a splitter; use per-character splitting
         let mut tok = tok;
         tok["pre_tokenizer"] = serde_json::json!({"type": "Split", "pattern": {"Regex": "."}, "behavior": "Isolated", "invert": false});
-        ModelBundle::new("m", tok.to_string().as_bytes(), None, BlockSize::new(block).unwrap()).unwrap()
+        ModelBundle::new(
+            "m",
+            tok.to_string().as_bytes(),
+            None,
+            BlockSize::new(block).unwrap(),
+        )
+        .unwrap()
     }
 
     fn router(bundle: Option<ModelBundle>) -> Router {
@@ -131,24 +152,39 @@ mod tests {
     }
 
     fn body(prompt: &str) -> Vec<u8> {
-        serde_json::json!({ "prompt": prompt }).to_string().into_bytes()
+        serde_json::json!({ "prompt": prompt })
+            .to_string()
+            .into_bytes()
     }
 
     #[test]
     fn cold_then_hits_on_same_pod() {
         let host = FakeHost::default();
         let r = router(Some(tiny_bundle(4)));
-        let first = r.route(&host, Endpoint::Completions, &body("abcdefghij")).unwrap();
+        let first = r
+            .route(&host, Endpoint::Completions, &body("abcdefghij"))
+            .unwrap();
         assert_eq!(first.decision.reason, Reason::Cold);
         assert_eq!(first.table.written, 2);
+        assert!(first.prefix_hash.is_some());
         for _ in 0..5 {
-            let again = r.route(&host, Endpoint::Completions, &body("abcdefghij")).unwrap();
+            let again = r
+                .route(&host, Endpoint::Completions, &body("abcdefghij"))
+                .unwrap();
             assert_eq!(again.decision.pod, first.decision.pod);
             assert_eq!(again.decision.reason, Reason::PrefixHit { blocks: 2 });
         }
         // shares only the first block
-        let partial = r.route(&host, Endpoint::Completions, &body("abcdXXXXzz")).unwrap();
-        assert_eq!(partial.decision, Decision { pod: first.decision.pod, reason: Reason::PrefixHit { blocks: 1 } });
+        let partial = r
+            .route(&host, Endpoint::Completions, &body("abcdXXXXzz"))
+            .unwrap();
+        assert_eq!(
+            partial.decision,
+            Decision {
+                pod: first.decision.pod,
+                reason: Reason::PrefixHit { blocks: 1 }
+            }
+        );
     }
 
     #[test]
@@ -156,36 +192,71 @@ mod tests {
         let host = FakeHost::default();
         let r = router(Some(tiny_bundle(4)));
         let pods: Vec<usize> = (0..6)
-            .map(|_| r.route(&host, Endpoint::Completions, &body("abc")).unwrap().decision)
+            .map(|_| {
+                r.route(&host, Endpoint::Completions, &body("abc"))
+                    .unwrap()
+                    .decision
+            })
             .inspect(|d| assert_eq!(d.reason, Reason::ShortPrompt))
             .map(|d| d.pod)
             .collect();
         assert_eq!(pods, vec![0, 1, 2, 0, 1, 2]);
-        assert!(host.data.borrow().is_empty(), "short prompts record nothing");
+        assert!(
+            host.data.borrow().is_empty(),
+            "short prompts record nothing"
+        );
     }
 
     #[test]
     fn client_errors_match_the_server() {
         let host = FakeHost::default();
         let r = router(Some(tiny_bundle(4)));
-        assert_eq!(r.route(&host, Endpoint::Completions, b"{oops").unwrap_err().status, 400);
-        assert_eq!(r.route(&host, Endpoint::ChatCompletions, br#"{"messages":[]}"#).unwrap_err().status, 400);
-        assert_eq!(r.route(&host, Endpoint::Completions, br#"{"model":"other","prompt":"x"}"#).unwrap_err().status, 404);
+        assert_eq!(
+            r.route(&host, Endpoint::Completions, b"{oops")
+                .unwrap_err()
+                .status,
+            400
+        );
+        assert_eq!(
+            r.route(&host, Endpoint::ChatCompletions, br#"{"messages":[]}"#)
+                .unwrap_err()
+                .status,
+            400
+        );
+        assert_eq!(
+            r.route(
+                &host,
+                Endpoint::Completions,
+                br#"{"model":"other","prompt":"x"}"#
+            )
+            .unwrap_err()
+            .status,
+            404
+        );
         let big = vec![b' '; r.config.max_body_bytes + 1];
-        assert_eq!(r.route(&host, Endpoint::Completions, &big).unwrap_err().status, 413);
+        assert_eq!(
+            r.route(&host, Endpoint::Completions, &big)
+                .unwrap_err()
+                .status,
+            413
+        );
     }
 
     #[test]
     fn broken_state_fails_open() {
         let host = FakeHost::default();
         let r = router(None);
-        let d = r.route(&host, Endpoint::Completions, &body("abcdefgh")).unwrap();
+        let d = r
+            .route(&host, Endpoint::Completions, &body("abcdefgh"))
+            .unwrap();
         assert_eq!(d.decision.reason, Reason::Fallback);
         // unreadable table: every lookup misses, the request is still routed (cold)
         let host = FakeHost::default();
         host.fail_reads.set(true);
         let r = router(Some(tiny_bundle(4)));
-        let d = r.route(&host, Endpoint::Completions, &body("abcdefgh")).unwrap();
+        let d = r
+            .route(&host, Endpoint::Completions, &body("abcdefgh"))
+            .unwrap();
         assert_eq!(d.decision.reason, Reason::Cold);
     }
 }

@@ -73,19 +73,34 @@ pub fn start_pods(n: usize, extra_args: &[&str], dir: &Path) -> anyhow::Result<V
     let http = client();
     let mut pods = Vec::with_capacity(n);
     for i in 0..n {
-        pods.push(start_pod(&format!("pod-{i}"), free_port()?, extra_args, dir, &http)?);
+        pods.push(start_pod(
+            &format!("pod-{i}"),
+            free_port()?,
+            extra_args,
+            dir,
+            &http,
+        )?);
     }
     Ok(pods)
 }
 
 /// Starts one pod on `port` (used again to restart a pod on the same address).
-pub fn start_pod(name: &str, port: u16, extra_args: &[&str], dir: &Path, http: &Client) -> anyhow::Result<Pod> {
+pub fn start_pod(
+    name: &str,
+    port: u16,
+    extra_args: &[&str],
+    dir: &Path,
+    http: &Client,
+) -> anyhow::Result<Pod> {
     let addr = format!("127.0.0.1:{port}");
     let mut cmd = Command::new(paths::model_server_bin());
-    cmd.args(["--listen", &addr, "--pod-name", name]).args(extra_args);
+    cmd.args(["--listen", &addr, "--pod-name", name])
+        .args(extra_args);
     let mut proc = Proc::spawn(name, cmd, dir)?;
     let health = format!("http://{addr}/health");
-    wait_until(name, &mut proc, Duration::from_secs(30), || healthy(http, &health))?;
+    wait_until(name, &mut proc, Duration::from_secs(30), || {
+        healthy(http, &health)
+    })?;
     Ok(Pod {
         name: name.to_owned(),
         addr,
@@ -113,25 +128,50 @@ pub fn validate_config(path: &Path) -> anyhow::Result<()> {
 
 /// Renders a config for `pods`, validates it, starts Envoy (`--concurrency 2`), waits until
 /// the admin endpoint says LIVE and the listener answers.
-pub fn start_envoy(name: &str, pods: &[String], wasm: bool, tweak: impl FnOnce(&mut EnvoySettings), dir: &Path) -> anyhow::Result<Envoy> {
+pub fn start_envoy(
+    name: &str,
+    pods: &[String],
+    wasm: bool,
+    tweak: impl FnOnce(&mut EnvoySettings),
+    dir: &Path,
+) -> anyhow::Result<Envoy> {
     let wasm_path = paths::wasm_path();
     if wasm && !wasm_path.is_file() {
-        bail!("{} not built (scripts/build-filter.sh)", wasm_path.display());
+        bail!(
+            "{} not built (scripts/build-filter.sh)",
+            wasm_path.display()
+        );
     }
-    let mut settings = EnvoySettings::new(free_port()?, free_port()?, pods.to_vec(), wasm.then_some(wasm_path));
+    let mut settings = EnvoySettings::new(
+        free_port()?,
+        free_port()?,
+        pods.to_vec(),
+        wasm.then_some(wasm_path),
+    );
     tweak(&mut settings);
     std::fs::create_dir_all(dir)?;
     let config_path = dir.join(format!("{name}.yaml"));
-    std::fs::write(&config_path, render(&settings, &paths::envoy_template_dir())?)?;
+    std::fs::write(
+        &config_path,
+        render(&settings, &paths::envoy_template_dir())?,
+    )?;
     validate_config(&config_path)?;
     let mut cmd = Command::new(paths::envoy_bin());
-    cmd.arg("-c")
-        .arg(&config_path)
-        .args(["--concurrency", "2", "--disable-hot-restart", "--log-level", "warn", "--component-log-level", "wasm:info"]);
+    cmd.arg("-c").arg(&config_path).args([
+        "--concurrency",
+        "2",
+        "--disable-hot-restart",
+        "--log-level",
+        "warn",
+        "--component-log-level",
+        "wasm:info",
+    ]);
     let mut proc = Proc::spawn(name, cmd, dir)?;
     let http = client();
     let ready = format!("http://127.0.0.1:{}/ready", settings.admin_port);
-    wait_until(name, &mut proc, Duration::from_secs(60), || healthy(&http, &ready))?;
+    wait_until(name, &mut proc, Duration::from_secs(60), || {
+        healthy(&http, &ready)
+    })?;
     Ok(Envoy {
         listen_port: settings.listen_port,
         admin_port: settings.admin_port,

@@ -22,7 +22,12 @@ pub struct EnvoySettings {
 }
 
 impl EnvoySettings {
-    pub fn new(listen_port: u16, admin_port: u16, pods: Vec<String>, wasm: Option<PathBuf>) -> Self {
+    pub fn new(
+        listen_port: u16,
+        admin_port: u16,
+        pods: Vec<String>,
+        wasm: Option<PathBuf>,
+    ) -> Self {
         EnvoySettings {
             listen_port,
             admin_port,
@@ -98,7 +103,10 @@ pub fn render(settings: &EnvoySettings, template_dir: &Path) -> anyhow::Result<S
         &[
             ("ADMIN_PORT", settings.admin_port.to_string()),
             ("LISTEN_PORT", settings.listen_port.to_string()),
-            ("BUFFER_LIMIT", (settings.max_body_bytes + 64 * 1024).to_string()),
+            (
+                "BUFFER_LIMIT",
+                (settings.max_body_bytes + 64 * 1024).to_string(),
+            ),
             ("WASM_FILTER", wasm_filter.trim_end().to_owned()),
             ("POD_ENDPOINTS", endpoints.trim_end().to_owned()),
         ],

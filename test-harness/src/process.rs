@@ -38,7 +38,9 @@ impl Proc {
 
     /// `Some(status)` if the process has exited.
     pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
     }
 
     /// The tail of its log, for error messages.
@@ -59,7 +61,10 @@ impl Proc {
     /// SIGTERM, then SIGKILL after `grace`.
     pub fn terminate(&mut self, grace: Duration) {
         if let Some(c) = &self.child {
-            let _ = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status();
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(c.id().to_string())
+                .status();
             let deadline = Instant::now() + grace;
             while Instant::now() < deadline {
                 if self.exited().is_some() {
@@ -97,10 +102,16 @@ pub fn wait_until(
             return Ok(());
         }
         if let Some(status) = proc_.exited() {
-            bail!("{what}: process exited ({status}); log:\n{}", proc_.log_tail());
+            bail!(
+                "{what}: process exited ({status}); log:\n{}",
+                proc_.log_tail()
+            );
         }
         if Instant::now() > deadline {
-            bail!("{what}: not ready after {timeout:?}; log:\n{}", proc_.log_tail());
+            bail!(
+                "{what}: not ready after {timeout:?}; log:\n{}",
+                proc_.log_tail()
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
     }

@@ -1,0 +1,423 @@
+//! The filter in a real Envoy (`--concurrency 2`) in front of three real model-server
+//! processes, all on 127.0.0.1.
+
+use reqwest::blocking::{Client, Response};
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use test_harness::cluster::{client, pod_metric, run_dir, start_envoy, start_pods, Envoy, Pod};
+
+const HITS: &str = "vllm:prefix_cache_hits_total";
+
+struct Fleet {
+    pods: Vec<Pod>,
+    envoy: Envoy,
+    http: Client,
+    _dir: PathBuf,
+}
+
+fn fleet(name: &str) -> Fleet {
+    let dir = run_dir(name);
+    let pods = start_pods(
+        3,
+        &[
+            "--sim-ttft-base-ms",
+            "0",
+            "--sim-prefill-us-per-token",
+            "0",
+            "--sim-decode-ms-per-token",
+            "0",
+        ],
+        &dir,
+    )
+    .expect("pods start");
+    let addrs: Vec<String> = pods.iter().map(|p| p.addr.clone()).collect();
+    let envoy = start_envoy(
+        "envoy",
+        &addrs,
+        true,
+        |s| s.max_body_bytes = 256 * 1024,
+        &dir,
+    )
+    .expect("envoy starts");
+    Fleet {
+        pods,
+        envoy,
+        http: client(),
+        _dir: dir,
+    }
+}
+
+struct Answer {
+    status: u16,
+    pod: String,
+    headers: reqwest::header::HeaderMap,
+    body: Value,
+}
+
+impl Fleet {
+    fn send(&self, path: &str, body: &Value, extra: &[(&str, &str)]) -> Answer {
+        let mut req = self.http.post(self.envoy.url(path)).json(body);
+        for (k, v) in extra {
+            req = req.header(*k, *v);
+        }
+        answer(req.send().expect("request through envoy"))
+    }
+
+    fn hits(&self) -> Vec<f64> {
+        self.pods
+            .iter()
+            .map(|p| pod_metric(&self.http, &p.addr, HITS).unwrap())
+            .collect()
+    }
+
+    fn pod_index(&self, name: &str) -> usize {
+        self.pods
+            .iter()
+            .position(|p| p.name == name)
+            .unwrap_or_else(|| panic!("unknown pod {name}"))
+    }
+}
+
+fn answer(r: Response) -> Answer {
+    let status = r.status().as_u16();
+    let headers = r.headers().clone();
+    let pod = headers
+        .get("x-inference-pod")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let body = r.json::<Value>().unwrap_or(Value::Null);
+    Answer {
+        status,
+        pod,
+        headers,
+        body,
+    }
+}
+
+fn header<'a>(a: &'a Answer, name: &str) -> &'a str {
+    a.headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+}
+
+fn cached(a: &Answer) -> u64 {
+    a.body["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no usage in {}", a.body))
+}
+
+const RUNBOOK: &str = "You are the on-call assistant for the payments platform. Before answering, read the \
+incident context carefully. Confirm the affected service, the region, the time the alert fired and the \
+current error rate. Check the deployment history for changes in the last two hours and compare latency \
+percentiles against the weekly baseline. If a rollback is possible and the change correlates with the \
+incident, recommend it first. Escalate to the database team when replication lag exceeds thirty seconds. \
+Never restart stateful services without a snapshot. Summarise findings as impact, probable cause, next \
+action and owner. ";
+
+#[test]
+fn repeated_prompt_sticks_to_one_pod_and_hits() {
+    let f = fleet("sticky");
+    assert_eq!(f.hits(), vec![0.0; 3]);
+    let body = json!({"prompt": format!("{RUNBOOK}{RUNBOOK}Incident: checkout returns 502 in eu-west-1."), "max_tokens": 8});
+    let answers: Vec<Answer> = (0..6)
+        .map(|_| f.send("/v1/completions", &body, &[]))
+        .collect();
+    let first = &answers[0];
+    assert_eq!(first.status, 200, "{}", first.body);
+    assert!(
+        first.body["usage"]["prompt_tokens"].as_u64().unwrap() > 128,
+        "prompt must exceed one block"
+    );
+    assert_eq!(cached(first), 0, "the first send seeds the cache");
+    assert_eq!(header(first, "x-prefix-router-reason"), "cold");
+    for a in &answers[1..] {
+        assert_eq!(
+            a.pod, first.pod,
+            "every repeat answered by the pod holding the prefix"
+        );
+        assert!(cached(a) > 0);
+        assert_eq!(cached(a), cached(&answers[1]));
+        assert_eq!(header(a, "x-prefix-router-reason"), "prefix-hit");
+    }
+    let owner = f.pod_index(&first.pod);
+    let hits = f.hits();
+    for (i, h) in hits.iter().enumerate() {
+        if i == owner {
+            assert_eq!(
+                *h,
+                5.0 * cached(&answers[1]) as f64,
+                "owner's hits = 5 repeats × cached tokens"
+            );
+        } else {
+            assert_eq!(*h, 0.0, "other pods never hit: {hits:?}");
+        }
+    }
+
+    // A prompt shorter than one block never hits, wherever it goes.
+    let short = json!({"prompt": "Summarise the incident in one line.", "max_tokens": 3});
+    for _ in 0..6 {
+        let a = f.send("/v1/completions", &short, &[]);
+        assert_eq!(a.status, 200);
+        assert_eq!(cached(&a), 0);
+        assert_eq!(header(&a, "x-prefix-router-reason"), "short-prompt");
+    }
+    assert_eq!(f.hits(), hits, "short prompts add no hits");
+
+    // Streaming passes through Envoy, and still lands on the owner.
+    let mut stream = body.clone();
+    stream["stream"] = json!(true);
+    let r = f
+        .http
+        .post(f.envoy.url("/v1/completions"))
+        .json(&stream)
+        .send()
+        .unwrap();
+    assert_eq!(r.headers()["x-inference-pod"].to_str().unwrap(), first.pod);
+    let text = r.text().unwrap();
+    let datas: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    assert_eq!(datas.len(), 8 + 2, "8 tokens, final chunk, [DONE]");
+    assert_eq!(*datas.last().unwrap(), "[DONE]");
+
+    // The filter's decisions are visible in Envoy's Prometheus stats.
+    let stats = f
+        .http
+        .get(f.envoy.admin_url("/stats/prometheus"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    let stat = |n: &str| {
+        test_harness::cluster::metric_value(&stats, n).unwrap_or_else(|| panic!("{n} missing"))
+    };
+    assert_eq!(stat("prefix_router_decisions_cold"), 1.0);
+    assert_eq!(stat("prefix_router_decisions_prefix_hit"), 6.0);
+    assert_eq!(stat("prefix_router_decisions_short_prompt"), 6.0);
+    assert_eq!(stat("prefix_router_fail_open"), 0.0);
+    let blocks = first.body["usage"]["prompt_tokens"].as_u64().unwrap() / 128;
+    assert_eq!(
+        stat("prefix_router_matched_blocks"),
+        6.0 * blocks as f64,
+        "5 repeats + 1 stream"
+    );
+}
+
+#[test]
+fn different_prompts_spread_without_reuse() {
+    let f = fleet("spread");
+    let mut per_pod: BTreeMap<String, usize> = BTreeMap::new();
+    for i in 0..30 {
+        // each prompt differs from its very first token
+        let body = json!({"prompt": format!("Ticket {i} ({}): {RUNBOOK}{RUNBOOK}", i * 7919), "max_tokens": 2});
+        let a = f.send("/v1/completions", &body, &[]);
+        assert_eq!(a.status, 200, "{}", a.body);
+        assert_eq!(cached(&a), 0, "prompt {i} must not reuse anything");
+        assert_eq!(header(&a, "x-prefix-router-reason"), "cold");
+        *per_pod.entry(a.pod).or_default() += 1;
+    }
+    assert_eq!(
+        per_pod.len(),
+        3,
+        "30 cold prompts should reach every pod: {per_pod:?}"
+    );
+    assert_eq!(f.hits(), vec![0.0; 3]);
+}
+
+#[test]
+fn filter_and_server_hash_identically() {
+    let f = fleet("hashes");
+    let bodies = [
+        (
+            "/v1/completions",
+            json!({"prompt": format!("{RUNBOOK}{RUNBOOK}"), "max_tokens": 1}),
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": format!("{RUNBOOK}{RUNBOOK}"), "cache_salt": "tenant-a", "max_tokens": 1}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [
+            {"role": "system", "content": RUNBOOK},
+            {"role": "user", "content": format!("{RUNBOOK} Digits 0123456789 and ünïcödé 🚀.")},
+        ], "max_tokens": 1}),
+        ),
+    ];
+    let mut seen = BTreeSet::new();
+    for (path, body) in bodies {
+        let a = f.send(path, &body, &[]);
+        assert_eq!(a.status, 200, "{}", a.body);
+        let filter_hash = header(&a, "x-prefix-router-prefix-hash").to_owned();
+        let t: Value = f
+            .http
+            .post(format!("http://{}/tokenize", f.pods[0].addr))
+            .json(&body)
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        let server_hash = t["block_hashes"]
+            .as_array()
+            .unwrap()
+            .last()
+            .unwrap()
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert_eq!(
+            filter_hash, server_hash,
+            "{path}: filter and server disagree"
+        );
+        assert!(
+            seen.insert(filter_hash),
+            "salt and chat must give distinct prefixes"
+        );
+    }
+}
+
+#[test]
+fn client_destination_header_is_never_honoured() {
+    let f = fleet("spoof");
+    let body = json!({"prompt": format!("{RUNBOOK}{RUNBOOK}"), "max_tokens": 1});
+    let owner = f.send("/v1/completions", &body, &[]).pod;
+    for target in f.pods.iter().filter(|p| p.name != owner) {
+        let a = f.send(
+            "/v1/completions",
+            &body,
+            &[("x-gateway-destination-endpoint", target.addr.as_str())],
+        );
+        assert_eq!(
+            a.pod, owner,
+            "spoofed header toward {} was honoured",
+            target.name
+        );
+    }
+    // short prompts and other paths: the filter's choice wins too
+    for target in &f.pods {
+        let spoof = [("x-gateway-destination-endpoint", target.addr.as_str())];
+        let a = f.send(
+            "/v1/completions",
+            &json!({"prompt": "hi", "max_tokens": 1}),
+            &spoof,
+        );
+        assert_eq!(
+            header(&a, "x-prefix-router-pod"),
+            f.pods[f.pod_index(&a.pod)].addr
+        );
+        let r = f
+            .http
+            .get(f.envoy.url("/v1/models"))
+            .header(spoof[0].0, spoof[0].1)
+            .send()
+            .unwrap();
+        let a = answer(r);
+        assert_eq!(a.status, 200);
+        assert_eq!(
+            header(&a, "x-prefix-router-pod"),
+            f.pods[f.pod_index(&a.pod)].addr
+        );
+    }
+}
+
+#[test]
+fn bad_input_gets_4xx_json_and_envoy_keeps_serving() {
+    let f = fleet("badinput");
+    let cases: Vec<(&str, Vec<u8>, u16)> = vec![
+        ("/v1/completions", b"{not json".to_vec(), 400),
+        ("/v1/completions", b"\xff\xfe\x00garbage".to_vec(), 400),
+        ("/v1/completions", br#"{"max_tokens":3}"#.to_vec(), 400),
+        ("/v1/completions", br#"{"prompt":""}"#.to_vec(), 400),
+        ("/v1/completions", br#"{"prompt":7}"#.to_vec(), 400),
+        ("/v1/chat/completions", br#"{"messages":[]}"#.to_vec(), 400),
+        (
+            "/v1/chat/completions",
+            br#"{"messages":[{"role":"user"}]}"#.to_vec(),
+            400,
+        ),
+        (
+            "/v1/completions",
+            br#"{"model":"gpt-4","prompt":"hi"}"#.to_vec(),
+            404,
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": "x".repeat(300 * 1024)})
+                .to_string()
+                .into_bytes(),
+            413,
+        ),
+        ("/v1/completions", Vec::new(), 400),
+    ];
+    for (path, body, want) in cases {
+        let shown: String = String::from_utf8_lossy(&body).chars().take(40).collect();
+        let r = f
+            .http
+            .post(f.envoy.url(path))
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .unwrap();
+        let a = answer(r);
+        assert_eq!(a.status, want, "{path} {shown:?}: {}", a.body);
+        assert!(
+            a.body["error"]["message"].is_string(),
+            "{shown:?}: {}",
+            a.body
+        );
+        assert!(a.body["error"]["type"].is_string());
+    }
+    // a body the filter accepts but the server rejects (too long for the model) is the server's 400
+    let a = f.send(
+        "/v1/completions",
+        &json!({"prompt": "word ".repeat(9000)}),
+        &[],
+    );
+    assert_eq!(a.status, 400, "{}", a.body);
+    assert_eq!(a.body["error"]["code"], "context_length_exceeded");
+    // still serving
+    let a = f.send(
+        "/v1/completions",
+        &json!({"prompt": "still here?", "max_tokens": 1}),
+        &[],
+    );
+    assert_eq!(a.status, 200);
+}
+
+#[test]
+fn bad_plugin_configuration_fails_envoy_load_naming_the_field() {
+    use test_harness::envoy_config::{render, EnvoySettings};
+    use test_harness::paths;
+    let dir = run_dir("badcfg");
+    std::fs::create_dir_all(&dir).unwrap();
+    let s = EnvoySettings::new(
+        test_harness::process::free_port().unwrap(),
+        test_harness::process::free_port().unwrap(),
+        vec!["127.0.0.1:1".into()],
+        Some(paths::wasm_path()),
+    );
+    let yaml = render(&s, &paths::envoy_template_dir())
+        .unwrap()
+        .replace("\"table_capacity\":65536", "\"table_capacity\":0");
+    let path = dir.join("bad.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    let out = std::process::Command::new(paths::envoy_bin())
+        .args(["--disable-hot-restart", "--concurrency", "1", "-c"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "Envoy must refuse a bad plugin configuration"
+    );
+    let log =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    assert!(
+        log.contains("table_capacity"),
+        "error should name the field:\n{log}"
+    );
+}
