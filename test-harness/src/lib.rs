@@ -5,3 +5,4 @@ pub mod cluster;
 pub mod envoy_config;
 pub mod paths;
 pub mod process;
+pub mod prometheus;
