@@ -1,0 +1,202 @@
+#!/usr/bin/env bash
+# prefix-router seed demo: 3 model-server pods, Envoy with the prefix-routing filter, and a real
+# Prometheus, all on 127.0.0.1. Installs what is missing, builds, runs, and stops everything it
+# started on exit, Ctrl-C or failure.
+#
+#   scripts/demo.sh            the reference scenario (+ the short-prompt case)
+#   scripts/demo.sh different  the opposite scenario: 30 different prompts, no reuse
+#   scripts/demo.sh all        both
+#
+# Ports are free ones unless set: POD_PORTS="8001 8002 8003" ENVOY_PORT=10000 ADMIN_PORT=9901
+# PROM_PORT=9090. Exits non-zero if what it shows is not what it claims.
+set -euo pipefail
+MODE=${1:-seed}
+case "$MODE" in seed|different|all) ;; *) echo "usage: $0 [seed|different|all]" >&2; exit 2 ;; esac
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+scripts/setup.sh >/dev/null
+echo "building (cached after the first run)..."
+cargo build -q -p model-server -p test-harness --bins
+scripts/build-filter.sh >/dev/null
+
+RUN=$(mktemp -d /tmp/prefix-router-demo.XXXXXX)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  echo "stopped everything; logs in $RUN"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'; }
+fail() { echo "DEMO FAILED: $*" >&2; exit 1; }
+wait_http() { # url, what
+  for _ in $(seq 1 300); do curl -sf -o /dev/null "$1" && return 0; sleep 0.1; done
+  fail "$2 did not become ready ($1); see $RUN"
+}
+
+read -r -a POD_PORTS <<<"${POD_PORTS:-$(free_port) $(free_port) $(free_port)}"
+ENVOY_PORT=${ENVOY_PORT:-$(free_port)}
+ADMIN_PORT=${ADMIN_PORT:-$(free_port)}
+PROM_PORT=${PROM_PORT:-$(free_port)}
+MODEL=SmolLM2-135M-Instruct
+echo "run directory (logs, configs): $RUN"
+
+# --- pods -------------------------------------------------------------------------------------
+PODS=()
+for i in "${!POD_PORTS[@]}"; do
+  addr=127.0.0.1:${POD_PORTS[$i]}
+  PODS+=("$addr")
+  "$ROOT/target/debug/model-server" --listen "$addr" --pod-name "pod-$i" --block-size 128 \
+    >"$RUN/pod-$i.log" 2>&1 &
+  PIDS+=($!)
+done
+for i in "${!PODS[@]}"; do wait_http "http://${PODS[$i]}/health" "pod-$i"; done
+echo "pods:       $(for i in "${!PODS[@]}"; do printf 'pod-%s=%s ' "$i" "${PODS[$i]}"; done)"
+
+# --- Envoy with the filter ----------------------------------------------------------------------
+"$ROOT/target/debug/render-envoy-config" --pods "$(IFS=,; echo "${PODS[*]}")" \
+  --listen-port "$ENVOY_PORT" --admin-port "$ADMIN_PORT" --debug-headers -o "$RUN/envoy.yaml"
+"$ROOT/.venv/bin/envoy" --mode validate --disable-hot-restart -c "$RUN/envoy.yaml" >"$RUN/envoy-validate.log" 2>&1 \
+  || fail "envoy config did not validate; see $RUN/envoy-validate.log"
+"$ROOT/.venv/bin/envoy" -c "$RUN/envoy.yaml" --concurrency 2 --disable-hot-restart \
+  --log-level warn --component-log-level wasm:info >"$RUN/envoy.log" 2>&1 &
+PIDS+=($!)
+wait_http "http://127.0.0.1:$ADMIN_PORT/ready" envoy
+echo "envoy:      listener 127.0.0.1:$ENVOY_PORT, admin 127.0.0.1:$ADMIN_PORT"
+
+# --- Prometheus -----------------------------------------------------------------------------------
+targets=$(printf "'%s', " "${PODS[@]}")
+cat >"$RUN/prometheus.yml" <<YAML
+global:
+  scrape_interval: 1s
+  evaluation_interval: 1s
+scrape_configs:
+- job_name: pods
+  honor_labels: true        # keep each pod's own pod="pod-N" label
+  static_configs:
+  - targets: [${targets%, }]
+- job_name: envoy
+  metrics_path: /stats/prometheus
+  static_configs:
+  - targets: ['127.0.0.1:$ADMIN_PORT']
+YAML
+prometheus --config.file="$RUN/prometheus.yml" --storage.tsdb.path="$RUN/prometheus-data" \
+  --web.listen-address="127.0.0.1:$PROM_PORT" --log.level=warn >"$RUN/prometheus.log" 2>&1 &
+PIDS+=($!)
+wait_http "http://127.0.0.1:$PROM_PORT/-/ready" prometheus
+echo "prometheus: http://127.0.0.1:$PROM_PORT"
+
+promql() { curl -s --get "http://127.0.0.1:$PROM_PORT/api/v1/query" --data-urlencode "query=$1"; }
+scalar() { promql "$1" | jq -r '.data.result[0].value[1] // "0"'; }
+series_count() { promql "$1" | jq '.data.result | length'; }
+table() { # promql; prints pod<TAB>value
+  promql "$1" | jq -r '.data.result | sort_by(.metric.pod) | .[] | "  \(.metric.pod)\t\(.value[1])"'
+}
+wait_prom() { # promql expected-value: poll until Prometheus has scraped it
+  for _ in $(seq 1 150); do [ "$(scalar "$1")" = "$2" ] && return 0; sleep 0.2; done
+  fail "Prometheus never showed $1 = $2 (got $(scalar "$1"))"
+}
+HITS='sum by (pod) (vllm:prefix_cache_hits_total)'
+for _ in $(seq 1 150); do [ "$(series_count "$HITS")" = "${#PODS[@]}" ] && break; sleep 0.2; done
+[ "$(series_count "$HITS")" = "${#PODS[@]}" ] || fail "Prometheus did not scrape every pod"
+
+send() { # prompt max_tokens → prints "pod cached latency text"
+  local hdr="$RUN/last-headers" body
+  body=$(jq -n --arg m "$MODEL" --arg p "$1" --argjson n "$2" '{model: $m, prompt: $p, max_tokens: $n}')
+  local out
+  out=$(curl -s -D "$hdr" -w '\n%{time_total}' "http://127.0.0.1:$ENVOY_PORT/v1/completions" \
+    -H 'content-type: application/json' -d "$body")
+  local latency=${out##*$'\n'} json=${out%$'\n'*}
+  local pod reason
+  pod=$(grep -i '^x-inference-pod:' "$hdr" | cut -d' ' -f2 | tr -d '\r')
+  reason=$(grep -i '^x-prefix-router-reason:' "$hdr" | cut -d' ' -f2 | tr -d '\r')
+  jq -r --arg pod "$pod" --arg lat "$latency" --arg reason "$reason" \
+    '"\($pod)\t\(.usage.prompt_tokens_details.cached_tokens)\t\($reason)\t\(($lat|tonumber)*1000|floor) ms\t\(.choices[0].text[0:48])"' <<<"$json"
+}
+
+seed_scenario() {
+  echo
+  echo "== Step 1: per-pod prefix-cache hits before anything is sent"
+  echo "   PromQL: $HITS"
+  table "$HITS"
+  [ "$(scalar 'sum(vllm:prefix_cache_hits_total)')" = "0" ] || fail "hits were not all zero at the start"
+  echo "   all zero: no pod has cached anything yet."
+
+  echo
+  echo "== Step 2: a runbook lead-in, sent 6 times through Envoy with curl + jq"
+  export RUNBOOK_PROMPT="You are the on-call assistant for the payments platform. Before answering, read the incident context carefully. Confirm the affected service, the region, the time the alert fired and the current error rate. Check the deployment history for changes in the last two hours, and compare latency percentiles against the weekly baseline. If a rollback is possible and the change correlates with the incident, recommend it first. Escalate to the database team when replication lag exceeds thirty seconds. Never restart stateful services without a snapshot. Summarise your findings as: impact, probable cause, next action, owner.
+Incident: the checkout API returns HTTP 502 for 12% of requests in eu-west-1 since 09:14 UTC."
+  local tokens
+  tokens=$(jq -n --arg p "$RUNBOOK_PROMPT" '{prompt: $p}' | curl -s "http://${PODS[0]}/tokenize" -H 'content-type: application/json' -d @- | jq .count)
+  echo "   the prompt is $tokens tokens: $((tokens / 128)) full 128-token block(s) can be cached"
+  [ "$tokens" -gt 128 ] || fail "the runbook prompt must be longer than one block"
+  printf '   send\tpod\tcached\treason\tlatency\tanswer\n'
+  local pods_seen="" expected=0 first_cached="" line
+  for i in 1 2 3 4 5 6; do
+    line=$(send "$RUNBOOK_PROMPT" 16)
+    printf '   %s\t%s\n' "$i" "$line"
+    pods_seen="$pods_seen $(cut -f1 <<<"$line")"
+    local c; c=$(cut -f2 <<<"$line")
+    if [ "$i" = 1 ]; then first_cached=$c; else expected=$((expected + c)); fi
+  done
+  local owner; owner=$(tr ' ' '\n' <<<"$pods_seen" | sed '/^$/d' | sort -u)
+  [ "$(wc -l <<<"$owner")" = 1 ] || fail "the six sends were answered by more than one pod: $owner"
+  [ "$first_cached" = 0 ] || fail "the first send should be a miss"
+  [ "$expected" -gt 0 ] || fail "the repeats did not hit the cache"
+
+  echo
+  echo "== Step 3: Prometheus after the sends (waiting for the scrape)"
+  wait_prom 'sum(vllm:prefix_cache_hits_total)' "$expected"
+  echo "   PromQL: $HITS"
+  table "$HITS"
+  local risen; risen=$(promql "$HITS" | jq '[.data.result[] | select(.value[1] != "0")] | length')
+  [ "$risen" = 1 ] || fail "expected exactly one pod with hits, got $risen"
+  [ "$(scalar "sum(vllm:prefix_cache_hits_total{pod=\"$owner\"})")" = "$expected" ] || fail "the hits are not on $owner"
+  echo "   $owner's counter rose to $expected tokens; the others are still 0."
+  echo "   Send 1 was a miss that seeded $owner's cache; sends 2-6 were routed back to $owner and hit."
+
+  echo
+  echo "== Short prompt (under one block), sent 6 times"
+  local short="Is the checkout API healthy right now?" q0 q1 st
+  q0=$(scalar 'sum(vllm:prefix_cache_queries_total)')
+  st=$(jq -n --arg p "$short" '{prompt: $p}' | curl -s "http://${PODS[0]}/tokenize" -H 'content-type: application/json' -d @- | jq .count)
+  printf '   send\tpod\tcached\treason\tlatency\tanswer\n'
+  for i in 1 2 3 4 5 6; do printf '   %s\t%s\n' "$i" "$(send "$short" 4)"; done
+  q1=$((q0 + 6 * st))
+  wait_prom 'sum(vllm:prefix_cache_queries_total)' "$q1"
+  table "$HITS"
+  [ "$(scalar 'sum(vllm:prefix_cache_hits_total)')" = "$expected" ] || fail "a short prompt produced hits"
+  echo "   $st tokens < 128: nothing to cache, no counter moved."
+}
+
+different_scenario() {
+  echo
+  echo "== Opposite scenario: 30 different prompts across the fleet"
+  local h0 r0 REQS='sum by (pod) (vllm:e2e_request_latency_seconds_count)'
+  h0=$(scalar 'sum(vllm:prefix_cache_hits_total)')
+  r0=$(scalar 'sum(vllm:e2e_request_latency_seconds_count)')
+  for i in $(seq 1 30); do
+    send "Ticket #$((i * 7919)) from customer $i: our invoices for order batch $i are missing tax lines. Please review the billing pipeline logs, the tax service configuration, the currency conversion step and the PDF renderer, and explain which component most likely dropped the tax lines, with evidence from each log you checked and a proposed fix. Include the exact log queries you would run, the dashboards you would open, and who should approve the fix." 4 >/dev/null
+  done
+  wait_prom 'sum(vllm:e2e_request_latency_seconds_count)' "$((r0 + 30))"
+  echo "   requests per pod (PromQL: $REQS):"
+  table "$REQS"
+  echo "   prefix-cache hits per pod (PromQL: $HITS):"
+  table "$HITS"
+  [ "$(scalar 'sum(vllm:prefix_cache_hits_total)')" = "$h0" ] || fail "different prompts produced cache hits"
+  local used; used=$(promql "$REQS" | jq '[.data.result[] | select(.value[1] != "0")] | length')
+  [ "$used" -gt 1 ] || fail "the 30 prompts all went to one pod"
+  echo "   no reuse: every prompt differs from its first block, so each one is a cold miss;"
+  echo "   cold prompts are spread by rendezvous hashing over $used pods."
+}
+
+case "$MODE" in
+  seed) seed_scenario ;;
+  different) different_scenario ;;
+  all) seed_scenario; different_scenario ;;
+esac
+echo
+echo "DEMO OK"
