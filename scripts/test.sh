@@ -10,7 +10,7 @@ cargo fmt --all -- --check
 echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets -q -- -D warnings
 echo "== prefix-core builds for wasm32"
-cargo build -q -p prefix-core --target wasm32-wasip1
+# wasm32-wasip1: built for real below, as part of the filter (scripts/build-filter.sh).
 # wasm32-unknown-unknown has no OS randomness; tokenizers' hash seeds use getrandom, whose
 # "custom" backend lets the embedding binary supply it. Type-check that target too.
 CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS='--cfg getrandom_backend="custom"' \
