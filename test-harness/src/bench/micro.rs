@@ -1,0 +1,152 @@
+//! In-process micro benchmarks: the block prefix cache and the tokenizer/hashing path.
+
+use model_server::cache::BlockPrefixCache;
+use prefix_core::request::{parse_request, Endpoint};
+use prefix_core::{BlockHash, BlockSize, ModelBundle};
+use serde::Serialize;
+use std::time::Instant;
+
+#[derive(Debug, Serialize)]
+pub struct CacheResult {
+    pub blocks_cached: usize,
+    pub requests: usize,
+    pub blocks_per_request: usize,
+    /// acquire (lookup + pin) + store (insert/evict) + release, per block
+    pub ns_per_block: f64,
+}
+
+fn mix(i: u64) -> BlockHash {
+    BlockHash(xxhash_rust::xxh3::xxh3_64(&i.to_le_bytes()))
+}
+
+/// Fills a cache with `blocks` blocks, then times requests of 32 blocks each: half a
+/// previously stored chain (hits), half new blocks (inserts evicting the LRU).
+pub fn cache(blocks: usize, requests: usize) -> CacheResult {
+    const PER: usize = 32;
+    let cache = BlockPrefixCache::new(blocks);
+    let mut next = 0u64;
+    let mut chain = |n: usize| -> Vec<BlockHash> {
+        (0..n)
+            .map(|_| {
+                next += 1;
+                mix(next)
+            })
+            .collect()
+    };
+    let mut stored = Vec::new();
+    while cache.len() < blocks {
+        let hs = chain(PER);
+        cache.acquire(&hs, usize::MAX, 128).store(&hs);
+        stored.push(hs);
+    }
+    let t = Instant::now();
+    for r in 0..requests {
+        let old = &stored[(r * 7919) % stored.len()];
+        let mut hs: Vec<BlockHash> = old[..PER / 2].to_vec();
+        hs.extend(chain(PER / 2));
+        let mut lease = cache.acquire(&hs, usize::MAX, 128);
+        lease.store(&hs);
+    }
+    let ns = t.elapsed().as_nanos() as f64;
+    CacheResult {
+        blocks_cached: cache.len(),
+        requests,
+        blocks_per_request: PER,
+        ns_per_block: ns / (requests * PER) as f64,
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub struct TokenizerResult {
+    pub prompt_tokens: usize,
+    pub iterations: usize,
+    pub tokens_per_sec: f64,
+    /// parse body + tokenize + hash, per request (native; the filter runs the same in V8)
+    pub prepare_us: f64,
+}
+
+pub fn tokenizer(
+    bundle: &ModelBundle,
+    text: &str,
+    iterations: usize,
+) -> anyhow::Result<TokenizerResult> {
+    let tokens = bundle.tokenizer().encode(text)?.len();
+    let t = Instant::now();
+    for _ in 0..iterations {
+        std::hint::black_box(bundle.tokenizer().encode(text)?);
+    }
+    let encode_s = t.elapsed().as_secs_f64();
+    let body = serde_json::json!({ "prompt": text }).to_string();
+    let t = Instant::now();
+    for _ in 0..iterations {
+        let req = parse_request(Endpoint::Completions, body.as_bytes())?;
+        std::hint::black_box(bundle.prepare(&req)?);
+    }
+    let prepare_s = t.elapsed().as_secs_f64();
+    Ok(TokenizerResult {
+        prompt_tokens: tokens,
+        iterations,
+        tokens_per_sec: (tokens * iterations) as f64 / encode_s,
+        prepare_us: prepare_s * 1e6 / iterations as f64,
+    })
+}
+
+/// The default model's bundle, from the data directory setup fills.
+pub fn default_bundle() -> anyhow::Result<ModelBundle> {
+    let dir = model_server::config::default_model_dir();
+    let json = std::fs::read(dir.join("tokenizer.json"))?;
+    let cfg = std::fs::read(dir.join("tokenizer_config.json")).ok();
+    Ok(ModelBundle::new(
+        model_server::config::DEFAULT_MODEL_NAME,
+        &json,
+        cfg.as_deref(),
+        BlockSize::default(),
+    )?)
+}
+
+/// Prompt text (letters, spaces and periods only, so it embeds in JSON and Lua verbatim) of
+/// at least `tokens` tokens.
+pub fn text_of(bundle: &ModelBundle, tokens: usize) -> anyhow::Result<String> {
+    const WORDS: &[&str] = &[
+        "check",
+        "the",
+        "service",
+        "logs",
+        "before",
+        "restarting",
+        "any",
+        "node",
+        "and",
+        "compare",
+        "latency",
+        "with",
+        "last",
+        "week",
+        "then",
+        "escalate",
+        "to",
+        "the",
+        "database",
+        "team",
+        "when",
+        "replication",
+        "lag",
+        "grows",
+        "beyond",
+        "thirty",
+        "seconds.",
+    ];
+    let mut text = String::new();
+    let mut i = 0usize;
+    loop {
+        // grow in chunks, then check
+        for _ in 0..64 {
+            text.push_str(WORDS[i % WORDS.len()]);
+            text.push(' ');
+            i += 1;
+        }
+        if bundle.tokenizer().encode(&text)?.len() >= tokens {
+            return Ok(text);
+        }
+    }
+}

@@ -1,0 +1,43 @@
+//! Benchmarks: numbers printed and written to files, never asserted in tests.
+
+pub mod micro;
+pub mod overhead;
+pub mod wrk;
+
+use crate::cluster::{run_dir, start_pods};
+use serde::Serialize;
+use std::path::Path;
+
+/// Writes `value` as pretty JSON to `dir/name.json`.
+pub fn write_json<T: Serialize>(dir: &Path, name: &str, value: &T) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(
+        dir.join(format!("{name}.json")),
+        serde_json::to_vec_pretty(value)?,
+    )?;
+    Ok(())
+}
+
+/// Requests/s of one zero-cost sim pod, straight (no Envoy), for a prompt of `text`.
+pub fn server(text: &str, seconds: u32, connections: u32) -> anyhow::Result<wrk::LoadResult> {
+    let dir = run_dir("bench-server");
+    let pods = start_pods(
+        1,
+        &[
+            "--sim-ttft-base-ms",
+            "0",
+            "--sim-prefill-us-per-token",
+            "0",
+            "--sim-decode-ms-per-token",
+            "0",
+            "--max-num-seqs",
+            "64",
+            "--default-max-tokens",
+            "1",
+        ],
+        &dir,
+    )?;
+    let url = format!("http://{}/v1/completions", pods[0].addr);
+    let body = format!("'{{\"prompt\":\"' .. n .. ' {text}\",\"max_tokens\":1}}'");
+    wrk::run(&url, &body, connections, seconds, &dir)
+}

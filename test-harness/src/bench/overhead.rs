@@ -1,0 +1,117 @@
+//! What the filter costs: the same Envoy with and without it in front of one zero-cost sim pod.
+
+use super::wrk::{self, LoadResult};
+use crate::cluster::{run_dir, start_envoy, start_pods};
+use serde::Serialize;
+use std::path::Path;
+
+#[derive(Debug, Serialize)]
+pub struct OverheadRow {
+    pub prompt_tokens: usize,
+    pub without_filter: LoadResult,
+    pub with_filter: LoadResult,
+    pub added_p50_ms: f64,
+    pub added_p99_ms: f64,
+    pub rps_ratio: f64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct VmFootprint {
+    /// per-VM tokenizer load time reported by the filter at start (ms)
+    pub vm_start_ms: Vec<u64>,
+    pub envoy_rss_without_filter_mb: f64,
+    pub envoy_rss_with_filter_mb: f64,
+    /// (RSS with − RSS without) / number of filter VMs
+    pub mb_per_vm: f64,
+}
+
+fn rss_mb(pid: Option<u32>) -> f64 {
+    let Some(pid) = pid else { return 0.0 };
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| {
+                    v.split_whitespace()
+                        .next()
+                        .and_then(|n| n.parse::<f64>().ok())
+                })
+        })
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(0.0)
+}
+
+/// `texts`: (token count, prompt text) pairs. Every request is made unique by a leading
+/// counter, so the filter always does its full work (tokenize, hash, table writes).
+pub fn run(
+    texts: &[(usize, String)],
+    seconds: u32,
+    connections: u32,
+    out: &Path,
+) -> anyhow::Result<(Vec<OverheadRow>, VmFootprint)> {
+    let dir = run_dir("bench-overhead");
+    let pods = start_pods(
+        1,
+        &[
+            "--sim-ttft-base-ms",
+            "0",
+            "--sim-prefill-us-per-token",
+            "0",
+            "--sim-decode-ms-per-token",
+            "0",
+            "--max-model-len",
+            "32768",
+            "--max-num-seqs",
+            "64",
+            "--default-max-tokens",
+            "1",
+        ],
+        &dir,
+    )?;
+    let addrs = vec![pods[0].addr.clone()];
+    let plain = start_envoy("envoy-plain", &addrs, false, |_| {}, &dir)?;
+    let filtered = start_envoy(
+        "envoy-filter",
+        &addrs,
+        true,
+        |s| s.debug_headers = false,
+        &dir,
+    )?;
+    let mut rows = Vec::new();
+    for (tokens, text) in texts {
+        let body = format!("'{{\"prompt\":\"' .. n .. ' {text}\",\"max_tokens\":1}}'");
+        let url_plain = plain.url("/v1/completions");
+        let url_filter = filtered.url("/v1/completions");
+        // warm both paths
+        wrk::run(&url_plain, &body, 2, 1, &dir)?;
+        wrk::run(&url_filter, &body, 2, 1, &dir)?;
+        let without_filter = wrk::run(&url_plain, &body, connections, seconds, &dir)?;
+        let with_filter = wrk::run(&url_filter, &body, connections, seconds, &dir)?;
+        rows.push(OverheadRow {
+            prompt_tokens: *tokens,
+            added_p50_ms: with_filter.p50_ms - without_filter.p50_ms,
+            added_p99_ms: with_filter.p99_ms - without_filter.p99_ms,
+            rps_ratio: with_filter.requests_per_sec / without_filter.requests_per_sec.max(1e-9),
+            without_filter,
+            with_filter,
+        });
+    }
+    let log = std::fs::read_to_string(&filtered.proc.log).unwrap_or_default();
+    let vm_start_ms: Vec<u64> = log
+        .lines()
+        .filter_map(|l| l.split("tokenizer loaded in ").nth(1))
+        .filter_map(|r| r.split_whitespace().next()?.parse().ok())
+        .collect();
+    let with = rss_mb(filtered.proc.pid());
+    let without = rss_mb(plain.proc.pid());
+    let vms = vm_start_ms.len().max(1) as f64;
+    let footprint = VmFootprint {
+        envoy_rss_with_filter_mb: with,
+        envoy_rss_without_filter_mb: without,
+        mb_per_vm: (with - without) / vms,
+        vm_start_ms,
+    };
+    let _ = std::fs::copy(&filtered.proc.log, out.join("envoy-filter.log"));
+    Ok((rows, footprint))
+}
