@@ -33,6 +33,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/tokenize", post(tokenize))
+        .route("/v1/cache/events", get(cache_events))
         .fallback(not_found)
         .with_state(state)
         .layer(axum::middleware::map_response(move |mut res: Response| {
@@ -75,6 +76,28 @@ async fn metrics(State(s): State<Arc<AppState>>) -> Response {
         s.metrics.render(),
     )
         .into_response()
+}
+
+#[derive(serde::Deserialize)]
+struct EventsQuery {
+    #[serde(default)]
+    since: u64,
+}
+
+/// Cache events since `?since=SEQ`, plus this pod's load: one poll tells a router everything.
+async fn cache_events(
+    State(s): State<Arc<AppState>>,
+    axum::extract::Query(q): axum::extract::Query<EventsQuery>,
+) -> Response {
+    let page = s.cache.events_since(q.since);
+    let mut v = serde_json::to_value(&page).unwrap_or(Value::Null);
+    v["pod"] = json!(s.pod);
+    v["load"] = json!({
+        "running": s.metrics.running.get(),
+        "waiting": s.admission.waiting(),
+        "kv_cache_usage": s.cache.usage(),
+    });
+    Json(v).into_response()
 }
 
 async fn models(State(s): State<Arc<AppState>>) -> Json<Value> {

@@ -9,6 +9,7 @@
 //! Like vLLM, a request whose whole prompt is cached still recomputes its last block, because
 //! the engine needs at least one prompt token to produce the first output logits.
 
+use crate::events::{CacheEvent, EventLog, EventsPage};
 use lru::LruCache;
 use prefix_core::BlockHash;
 use std::collections::HashMap;
@@ -27,6 +28,8 @@ struct Inner {
     pins: HashMap<BlockHash, u32>,
     /// unpinned blocks, least recently used at the back
     free: LruCache<BlockHash, ()>,
+    /// what changed, in order (under the same lock, so events match the maps exactly)
+    events: EventLog,
 }
 
 /// A fixed-capacity, LRU, pin-aware block prefix cache. Cheap to share (`Arc`).
@@ -46,14 +49,32 @@ pub struct Lease {
 }
 
 impl BlockPrefixCache {
-    /// A cache holding at most `capacity` blocks (0 disables caching).
+    /// A cache holding at most `capacity` blocks (0 disables caching), with epoch 0.
     pub fn new(capacity: usize) -> Arc<Self> {
+        Self::with_epoch(capacity, 0)
+    }
+
+    /// A cache whose event log carries `epoch` (new at every process start).
+    pub fn with_epoch(capacity: usize, epoch: u64) -> Arc<Self> {
         Arc::new(BlockPrefixCache {
             capacity,
             inner: Mutex::new(Inner {
                 pins: HashMap::new(),
                 free: LruCache::unbounded(),
+                events: EventLog::new(epoch, 4096),
             }),
+        })
+    }
+
+    /// Cache events after `since` (see [`crate::events`]).
+    pub fn events_since(&self, since: u64) -> EventsPage {
+        let g = self.lock();
+        g.events.since(since, || {
+            g.pins
+                .keys()
+                .copied()
+                .chain(g.free.iter().map(|(h, _)| *h))
+                .collect()
         })
     }
 
@@ -145,6 +166,8 @@ impl Lease {
         if cache.capacity == 0 {
             return out;
         }
+        let mut stored = Vec::new();
+        let mut evicted = Vec::new();
         for &h in hashes.iter().skip(self.hit_blocks) {
             if g.pins.contains_key(&h) || g.free.contains(&h) {
                 // computed concurrently by another request: share it
@@ -153,15 +176,19 @@ impl Lease {
                 continue;
             }
             if g.pins.len() + g.free.len() >= cache.capacity {
-                if g.free.pop_lru().is_none() {
+                let Some((old, ())) = g.free.pop_lru() else {
                     break;
-                }
+                };
+                evicted.push(old);
                 out.evicted += 1;
             }
             g.pins.insert(h, 1);
             self.pinned.push(h);
+            stored.push(h);
             out.stored += 1;
         }
+        g.events.push(CacheEvent::BlockRemoved { hashes: evicted });
+        g.events.push(CacheEvent::BlockStored { hashes: stored });
         out
     }
 }
@@ -260,6 +287,28 @@ mod tests {
         );
         assert_eq!(c.len(), 2);
         assert!((c.usage() - 1.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn events_follow_stores_and_evictions() {
+        let c = BlockPrefixCache::with_epoch(2, 9);
+        c.acquire(&hs(0..2), 1000, 128).store(&hs(0..2));
+        c.acquire(&hs(5..6), 1000, 128).store(&hs(5..6));
+        let p = c.events_since(0);
+        let kinds: Vec<CacheEvent> = p.events.into_iter().map(|e| e.event).collect();
+        assert_eq!(
+            kinds,
+            vec![
+                CacheEvent::BlockStored { hashes: hs(0..2) },
+                CacheEvent::BlockRemoved {
+                    hashes: vec![BlockHash(0)]
+                },
+                CacheEvent::BlockStored { hashes: hs(5..6) },
+            ]
+        );
+        let mut snap = c.events_since(u64::MAX - 1).snapshot.unwrap();
+        snap.sort();
+        assert_eq!(snap, vec![BlockHash(1), BlockHash(5)]);
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod api;
 pub mod cache;
 pub mod config;
 pub mod engine;
+pub mod events;
 pub mod metrics;
 pub mod state;
 

@@ -39,6 +39,18 @@ pub fn load_bundle(config: &Config) -> anyhow::Result<ModelBundle> {
         .with_context(|| format!("loading tokenizer {}", json_path.display()))
 }
 
+/// A per-process epoch: start time mixed with the process id, so a restart on the same
+/// address is always recognised.
+fn new_epoch() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let mut bytes = nanos.to_le_bytes().to_vec();
+    bytes.extend_from_slice(&std::process::id().to_le_bytes());
+    xxhash_rust::xxh3::xxh3_64(&bytes).max(1)
+}
+
 impl AppState {
     pub fn new(config: Config) -> anyhow::Result<Arc<Self>> {
         config.validate()?;
@@ -58,7 +70,7 @@ impl AppState {
             config.cache_blocks,
         )?;
         Ok(Arc::new(AppState {
-            cache: BlockPrefixCache::new(config.cache_blocks),
+            cache: BlockPrefixCache::with_epoch(config.cache_blocks, new_epoch()),
             admission: Admission::new(config.max_num_seqs, config.max_waiting),
             pod,
             bundle,

@@ -1,0 +1,161 @@
+//! Cache events: what this pod's prefix cache stored and evicted, for routers to follow.
+//!
+//! The same idea as vLLM / llm-d KV-cache events, over plain HTTP polling, no broker:
+//! every change gets a sequence number; a router asks for everything after the last number it
+//! saw. The history is bounded; a router that fell further behind is told to resync and gets a
+//! snapshot of every held block instead. The `epoch` is new at every process start, so a
+//! restarted pod (whose cache is empty) is recognised at once.
+
+use prefix_core::BlockHash;
+use serde::Serialize;
+use std::collections::VecDeque;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "type")]
+pub enum CacheEvent {
+    BlockStored { hashes: Vec<BlockHash> },
+    BlockRemoved { hashes: Vec<BlockHash> },
+    AllCleared,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct SeqEvent {
+    pub seq: u64,
+    #[serde(flatten)]
+    pub event: CacheEvent,
+}
+
+/// A page of events after `since`.
+#[derive(Debug, Clone, Serialize)]
+pub struct EventsPage {
+    /// Process epoch as 16 hex digits (new at every start).
+    pub epoch: String,
+    /// The newest sequence number included (ask with `since=seq` next).
+    pub seq: u64,
+    /// The client was too far behind (or ahead: another epoch): forget this pod's blocks and
+    /// take `snapshot` as the full state.
+    pub reset: bool,
+    pub snapshot: Option<Vec<BlockHash>>,
+    pub events: Vec<SeqEvent>,
+    /// More events are waiting beyond this page.
+    pub more: bool,
+}
+
+#[derive(Debug)]
+pub struct EventLog {
+    epoch: u64,
+    next_seq: u64,
+    events: VecDeque<SeqEvent>,
+    max_events: usize,
+}
+
+/// Events per page.
+pub const PAGE: usize = 512;
+
+impl EventLog {
+    pub fn new(epoch: u64, max_events: usize) -> Self {
+        EventLog {
+            epoch,
+            next_seq: 1,
+            events: VecDeque::new(),
+            max_events: max_events.max(1),
+        }
+    }
+
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// The newest sequence number handed out (0 before any event).
+    pub fn last_seq(&self) -> u64 {
+        self.next_seq - 1
+    }
+
+    pub fn push(&mut self, event: CacheEvent) {
+        if let CacheEvent::BlockStored { hashes } | CacheEvent::BlockRemoved { hashes } = &event {
+            if hashes.is_empty() {
+                return;
+            }
+        }
+        self.events.push_back(SeqEvent {
+            seq: self.next_seq,
+            event,
+        });
+        self.next_seq += 1;
+        while self.events.len() > self.max_events {
+            self.events.pop_front();
+        }
+    }
+
+    /// Events after `since`; `held` lists every held block, called only for a resync.
+    pub fn since(&self, since: u64, held: impl FnOnce() -> Vec<BlockHash>) -> EventsPage {
+        let oldest = self.events.front().map(|e| e.seq).unwrap_or(self.next_seq);
+        let epoch = format!("{:016x}", self.epoch);
+        // A gap (history dropped) or a future seq (client saw another epoch) → resync.
+        if since + 1 < oldest || since > self.last_seq() {
+            return EventsPage {
+                epoch,
+                seq: self.last_seq(),
+                reset: true,
+                snapshot: Some(held()),
+                events: Vec::new(),
+                more: false,
+            };
+        }
+        let events: Vec<SeqEvent> = self
+            .events
+            .iter()
+            .filter(|e| e.seq > since)
+            .take(PAGE)
+            .cloned()
+            .collect();
+        let seq = events.last().map(|e| e.seq).unwrap_or(since);
+        EventsPage {
+            epoch,
+            seq,
+            reset: false,
+            snapshot: None,
+            more: seq < self.last_seq(),
+            events,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored(n: u64) -> CacheEvent {
+        CacheEvent::BlockStored {
+            hashes: vec![BlockHash(n)],
+        }
+    }
+
+    #[test]
+    fn paging_and_resync() {
+        let mut log = EventLog::new(7, 3);
+        assert_eq!(log.since(0, Vec::new).events.len(), 0);
+        for i in 0..5 {
+            log.push(stored(i));
+        }
+        log.push(CacheEvent::BlockRemoved { hashes: vec![] }); // empty: ignored
+        assert_eq!(log.last_seq(), 5);
+        // only the 3 newest (3, 4, 5) are kept
+        let p = log.since(2, Vec::new);
+        assert!(!p.reset);
+        assert_eq!(
+            p.events.iter().map(|e| e.seq).collect::<Vec<_>>(),
+            vec![3, 4, 5]
+        );
+        assert_eq!(p.seq, 5);
+        let p = log.since(5, Vec::new);
+        assert!(p.events.is_empty() && !p.reset && p.seq == 5);
+        // too far behind → snapshot
+        let p = log.since(1, || vec![BlockHash(42)]);
+        assert!(p.reset);
+        assert_eq!(p.snapshot, Some(vec![BlockHash(42)]));
+        // from the future (another epoch) → snapshot
+        assert!(log.since(99, Vec::new).reset);
+        assert_eq!(p.epoch, "0000000000000007");
+    }
+}
