@@ -1,15 +1,25 @@
 //! The routing decision: which pod gets a request, and why.
 //!
 //! A decision is a value (pod + [`Reason`]) so that metrics, the debug response header and the
-//! tests all speak about the same thing.
+//! tests all speak about the same thing. The default policy, [`Policy::Prefix`], weighs cache
+//! affinity against load:
 //!
-//! - The longest leading chain of the prompt's blocks that has a known owner decides: the
-//!   owner of the deepest matched block computed that whole prefix (hashes are chained).
-//! - A cold prompt (no owned block) goes to the pod chosen by rendezvous hashing of its first
-//!   block hash, so independent router replicas agree without sharing any state.
-//! - A prompt shorter than one block can never hit, so it is simply balanced.
+//! - Only healthy pods are candidates (all pods, if none is known healthy).
+//! - Imbalance guard (after SGLang's cache-aware policy): when the busiest candidate's load
+//!   exceeds the idlest's by more than `imbalance_abs` *and* by a factor `imbalance_ratio`,
+//!   affinity is ignored and the least-loaded pod is chosen (`Imbalanced`).
+//! - Otherwise each pod scores `prefix × matched/total blocks − load`, where a pod's match is
+//!   the deepest block of the prompt's leading chain it owns (hashes are chained, so owning
+//!   block *i* means it computed blocks 0..=i). Ties go to the rendezvous order of the first
+//!   block.
+//! - A cold prompt (no block owned) goes to the rendezvous choice of its first block among
+//!   pods that are not overloaded, so independent router replicas agree without shared state.
+//! - A prompt shorter than one block goes to the least-loaded pod (rotating among equals).
+//!
+//! `round_robin`, `random` and `least_loaded` exist for side-by-side comparison.
 
 use crate::block::BlockHash;
+use serde::Deserialize;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// Why a pod was chosen.
@@ -17,25 +27,37 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 pub enum Reason {
     /// `blocks` leading blocks of the prompt are owned by the chosen pod.
     PrefixHit { blocks: usize },
-    /// No block of the prompt is owned anywhere: rendezvous hash of the first block.
+    /// No block of the prompt is owned by a live pod: rendezvous hash of the first block.
     Cold,
-    /// The prompt has no full block: plain balancing.
+    /// The prompt has no full block: least loaded.
     ShortPrompt,
-    /// Not an inference request (e.g. `/v1/models`): plain balancing.
+    /// Load overrode cache affinity (imbalance guard, or a busy owner scored lower).
+    Imbalanced,
+    /// Not an inference request (e.g. `/v1/models`): least loaded.
     Passthrough,
     /// The router's own state is broken: fail open to plain balancing.
     Fallback,
+    /// Policy `round_robin`.
+    RoundRobin,
+    /// Policy `random`.
+    Random,
+    /// Policy `least_loaded`.
+    LeastLoaded,
 }
 
 impl Reason {
-    /// Stable kebab-case name, used in the debug header and metric names.
+    /// Stable kebab-case name, used in the debug header.
     pub fn as_str(&self) -> &'static str {
         match self {
             Reason::PrefixHit { .. } => "prefix-hit",
             Reason::Cold => "cold",
             Reason::ShortPrompt => "short-prompt",
+            Reason::Imbalanced => "imbalanced",
             Reason::Passthrough => "passthrough",
             Reason::Fallback => "fallback",
+            Reason::RoundRobin => "round-robin",
+            Reason::Random => "random",
+            Reason::LeastLoaded => "least-loaded",
         }
     }
 
@@ -55,49 +77,203 @@ pub struct Decision {
     pub reason: Reason,
 }
 
-/// Rendezvous (highest-random-weight) choice of a pod for `key`; `None` without pods.
+/// Selectable policies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Policy {
+    #[default]
+    Prefix,
+    RoundRobin,
+    Random,
+    LeastLoaded,
+}
+
+/// Weights of the prefix policy (all configurable in the plugin configuration).
+#[derive(Clone, Copy, Debug, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Weights {
+    /// Score of a full prefix match, in units of load (one in-flight request = 1).
+    pub prefix: f64,
+    /// Load per request this router has in flight on the pod.
+    pub inflight: f64,
+    /// Load per request waiting in the pod's queue (from its last poll).
+    pub waiting: f64,
+    /// Load at 100% KV-cache usage.
+    pub kv_cache: f64,
+    /// Imbalance guard: absolute load gap…
+    pub imbalance_abs: f64,
+    /// …and ratio between busiest and idlest pod that switch to least-loaded.
+    pub imbalance_ratio: f64,
+}
+
+impl Default for Weights {
+    fn default() -> Self {
+        Weights {
+            prefix: 8.0,
+            inflight: 1.0,
+            waiting: 1.0,
+            kv_cache: 2.0,
+            imbalance_abs: 8.0,
+            imbalance_ratio: 2.0,
+        }
+    }
+}
+
+/// What the router knows about one pod's state.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct PodLoad {
+    pub healthy: bool,
+    pub inflight: u32,
+    pub waiting: u32,
+    pub kv_cache_usage: f64,
+}
+
+impl Default for PodLoad {
+    fn default() -> Self {
+        PodLoad {
+            healthy: true,
+            inflight: 0,
+            waiting: 0,
+            kv_cache_usage: 0.0,
+        }
+    }
+}
+
+impl Weights {
+    pub fn load(&self, p: &PodLoad) -> f64 {
+        self.inflight * f64::from(p.inflight)
+            + self.waiting * f64::from(p.waiting)
+            + self.kv_cache * p.kv_cache_usage.clamp(0.0, 1.0)
+    }
+}
+
+/// Rendezvous (highest-random-weight) order key of `pod` for `key`.
+fn rendezvous_key(pod: &str, key: BlockHash) -> u64 {
+    xxh3_64_with_seed(pod.as_bytes(), key.0)
+}
+
+/// Rendezvous choice among `pods` for `key`; `None` without pods.
 pub fn rendezvous<S: AsRef<str>>(key: BlockHash, pods: &[S]) -> Option<usize> {
     pods.iter()
         .enumerate()
-        .max_by_key(|(_, p)| xxh3_64_with_seed(p.as_ref().as_bytes(), key.0))
+        .max_by_key(|(_, p)| rendezvous_key(p.as_ref(), key))
         .map(|(i, _)| i)
 }
 
-/// Chooses a pod for a prompt with block `hashes`. `owner(h)` looks a block up in the
-/// ownership table and returns the owning pod's index; `balance` is the plain-balancing
-/// choice used for prompts without a full block.
-pub fn choose<S: AsRef<str>>(
-    pods: &[S],
-    hashes: &[BlockHash],
+/// Everything [`decide`] looks at.
+pub struct Inputs<'a, S: AsRef<str>> {
+    pub policy: Policy,
+    pub weights: &'a Weights,
+    pub pods: &'a [S],
+    /// Same length and order as `pods` (missing entries count as healthy and idle).
+    pub loads: &'a [PodLoad],
+    pub hashes: &'a [BlockHash],
+    /// A per-router counter for rotation (round-robin and tie-breaks).
+    pub counter: u64,
+    /// A random number for the `random` policy.
+    pub random: u64,
+}
+
+/// Chooses a pod. `owner(h)` returns the live owner (pod index) of block `h`, if any.
+pub fn decide<S: AsRef<str>>(
+    input: &Inputs<'_, S>,
     mut owner: impl FnMut(BlockHash) -> Option<usize>,
-    balance: usize,
 ) -> Option<Decision> {
-    if pods.is_empty() {
+    let n = input.pods.len();
+    if n == 0 {
         return None;
     }
-    let Some(&first) = hashes.first() else {
-        return Some(Decision {
-            pod: balance % pods.len(),
-            reason: Reason::ShortPrompt,
-        });
+    let load_of = |i: usize| {
+        let l = input.loads.get(i).copied().unwrap_or_default();
+        (l.healthy, input.weights.load(&l))
     };
-    let mut deepest = None;
-    for (i, &h) in hashes.iter().enumerate() {
-        match owner(h).filter(|&p| p < pods.len()) {
-            Some(p) => deepest = Some((i + 1, p)),
+    let mut candidates: Vec<usize> = (0..n).filter(|&i| load_of(i).0).collect();
+    if candidates.is_empty() {
+        candidates = (0..n).collect();
+    }
+    let load = |i: usize| load_of(i).1;
+    // least loaded, rotating the starting point so equals share the work
+    let least_loaded = |cands: &[usize]| -> usize {
+        let k = cands.len();
+        let start = (input.counter % k as u64) as usize;
+        let mut best = cands[start];
+        for j in 1..k {
+            let c = cands[(start + j) % k];
+            if load(c) < load(best) {
+                best = c;
+            }
+        }
+        best
+    };
+    let pick = |pod: usize, reason: Reason| Some(Decision { pod, reason });
+    match input.policy {
+        Policy::RoundRobin => {
+            return pick(
+                candidates[(input.counter % candidates.len() as u64) as usize],
+                Reason::RoundRobin,
+            )
+        }
+        Policy::Random => {
+            return pick(
+                candidates[(input.random % candidates.len() as u64) as usize],
+                Reason::Random,
+            )
+        }
+        Policy::LeastLoaded => return pick(least_loaded(&candidates), Reason::LeastLoaded),
+        Policy::Prefix => {}
+    }
+    let Some(&first) = input.hashes.first() else {
+        return pick(least_loaded(&candidates), Reason::ShortPrompt);
+    };
+
+    let w = input.weights;
+    let (min_load, max_load) = candidates
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(lo, hi), &c| {
+            (lo.min(load(c)), hi.max(load(c)))
+        });
+    if max_load - min_load > w.imbalance_abs && max_load > w.imbalance_ratio * min_load {
+        return pick(least_loaded(&candidates), Reason::Imbalanced);
+    }
+
+    // per-pod match: the deepest block of the leading chain that the pod owns
+    let mut matched = vec![0usize; n];
+    for (i, &h) in input.hashes.iter().enumerate() {
+        match owner(h).filter(|p| candidates.contains(p)) {
+            Some(p) => matched[p] = i + 1,
             None => break,
         }
     }
-    Some(match deepest {
-        Some((blocks, pod)) => Decision {
-            pod,
-            reason: Reason::PrefixHit { blocks },
-        },
-        None => Decision {
-            pod: rendezvous(first, pods)?,
-            reason: Reason::Cold,
-        },
-    })
+    // candidates in rendezvous order: ties and cold prompts resolve identically everywhere
+    let mut order = candidates.clone();
+    order.sort_by_key(|&c| std::cmp::Reverse(rendezvous_key(input.pods[c].as_ref(), first)));
+
+    if matched.iter().all(|&m| m == 0) {
+        let pod = order
+            .iter()
+            .copied()
+            .find(|&c| load(c) <= min_load + w.imbalance_abs)
+            .unwrap_or(order[0]);
+        return pick(pod, Reason::Cold);
+    }
+    let total = input.hashes.len() as f64;
+    let score = |c: usize| w.prefix * matched[c] as f64 / total - load(c);
+    let mut best = order[0];
+    for &c in &order[1..] {
+        if score(c) > score(best) {
+            best = c;
+        }
+    }
+    if matched[best] > 0 {
+        pick(
+            best,
+            Reason::PrefixHit {
+                blocks: matched[best],
+            },
+        )
+    } else {
+        pick(best, Reason::Imbalanced)
+    }
 }
 
 #[cfg(test)]
@@ -111,78 +287,205 @@ mod tests {
         BlockHash(n)
     }
 
+    fn idle() -> Vec<PodLoad> {
+        vec![PodLoad::default(); 3]
+    }
+
+    fn busy(inflight: [u32; 3]) -> Vec<PodLoad> {
+        inflight
+            .iter()
+            .map(|&i| PodLoad {
+                inflight: i,
+                ..PodLoad::default()
+            })
+            .collect()
+    }
+
+    fn run(
+        policy: Policy,
+        loads: &[PodLoad],
+        hashes: &[BlockHash],
+        owners: &[(u64, usize)],
+        counter: u64,
+    ) -> Decision {
+        let owners: HashMap<u64, usize> = owners.iter().copied().collect();
+        let w = Weights::default();
+        let input = Inputs {
+            policy,
+            weights: &w,
+            pods: &PODS,
+            loads,
+            hashes,
+            counter,
+            random: 7,
+        };
+        decide(&input, |x| owners.get(&x.0).copied()).unwrap()
+    }
+
     #[test]
-    fn table_driven() {
+    fn prefix_policy_table() {
+        let down1 = {
+            let mut l = idle();
+            l[1].healthy = false;
+            l
+        };
+        let cold1 = rendezvous(h(1), &PODS).unwrap();
         struct Case {
             name: &'static str,
+            loads: Vec<PodLoad>,
             hashes: Vec<BlockHash>,
             owners: Vec<(u64, usize)>,
-            want_pod: Option<usize>,
-            want: Reason,
+            pod: usize,
+            reason: Reason,
         }
         let cases = vec![
             Case {
-                name: "short prompt balances",
+                name: "short prompt → least loaded",
+                loads: busy([3, 0, 2]),
                 hashes: vec![],
                 owners: vec![],
-                want_pod: Some(2),
-                want: Reason::ShortPrompt,
+                pod: 1,
+                reason: Reason::ShortPrompt,
             },
             Case {
-                name: "cold uses rendezvous",
+                name: "cold → rendezvous",
+                loads: idle(),
                 hashes: vec![h(1), h(2)],
                 owners: vec![],
-                want_pod: rendezvous(h(1), &PODS),
-                want: Reason::Cold,
+                pod: cold1,
+                reason: Reason::Cold,
             },
             Case {
                 name: "full hit",
+                loads: idle(),
                 hashes: vec![h(1), h(2)],
                 owners: vec![(1, 1), (2, 1)],
-                want_pod: Some(1),
-                want: Reason::PrefixHit { blocks: 2 },
+                pod: 1,
+                reason: Reason::PrefixHit { blocks: 2 },
             },
             Case {
-                name: "deepest owner wins",
+                name: "deeper owner wins",
+                loads: idle(),
                 hashes: vec![h(1), h(2), h(3)],
                 owners: vec![(1, 0), (2, 2)],
-                want_pod: Some(2),
-                want: Reason::PrefixHit { blocks: 2 },
+                pod: 2,
+                reason: Reason::PrefixHit { blocks: 2 },
             },
             Case {
                 name: "gap stops the chain",
+                loads: idle(),
                 hashes: vec![h(1), h(2), h(3)],
                 owners: vec![(1, 0), (3, 2)],
-                want_pod: Some(0),
-                want: Reason::PrefixHit { blocks: 1 },
+                pod: 0,
+                reason: Reason::PrefixHit { blocks: 1 },
             },
             Case {
-                name: "first block unknown is cold",
-                hashes: vec![h(9), h(2)],
-                owners: vec![(2, 1)],
-                want_pod: rendezvous(h(9), &PODS),
-                want: Reason::Cold,
-            },
-            Case {
-                name: "owner outside pod list ignored",
+                name: "owner down → cold elsewhere",
+                loads: down1.clone(),
                 hashes: vec![h(1)],
-                owners: vec![(1, 7)],
-                want_pod: rendezvous(h(1), &PODS),
-                want: Reason::Cold,
+                owners: vec![(1, 1)],
+                pod: rendezvous(h(1), &[PODS[0], PODS[2]])
+                    .map(|i| if i == 0 { 0 } else { 2 })
+                    .unwrap(),
+                reason: Reason::Cold,
+            },
+            Case {
+                name: "busy owner still wins below the affinity weight",
+                loads: busy([5, 0, 0]),
+                hashes: vec![h(1)],
+                owners: vec![(1, 0)],
+                pod: 0,
+                reason: Reason::PrefixHit { blocks: 1 },
+            },
+            Case {
+                name: "imbalance guard → least loaded",
+                loads: busy([12, 1, 3]),
+                hashes: vec![h(1)],
+                owners: vec![(1, 0)],
+                pod: 1,
+                reason: Reason::Imbalanced,
+            },
+            Case {
+                name: "partial match outscored by load",
+                loads: busy([7, 0, 0]),
+                hashes: vec![h(1), h(2), h(3), h(4)],
+                owners: vec![(1, 0)],
+                pod: rendezvous(h(1), &[PODS[1], PODS[2]])
+                    .map(|i| i + 1)
+                    .unwrap(),
+                reason: Reason::Imbalanced,
             },
         ];
         for c in cases {
-            let owners: HashMap<u64, usize> = c.owners.into_iter().collect();
-            let d = choose(&PODS, &c.hashes, |x| owners.get(&x.0).copied(), 5).unwrap();
-            assert_eq!(Some(d.pod), c.want_pod, "{}", c.name);
-            assert_eq!(d.reason, c.want, "{}", c.name);
+            let d = run(Policy::Prefix, &c.loads, &c.hashes, &c.owners, 0);
+            assert_eq!((d.pod, d.reason), (c.pod, c.reason), "{}", c.name);
+        }
+    }
+
+    #[test]
+    fn cold_avoids_overloaded_pods() {
+        // find a key whose rendezvous choice is pod 0, then overload pod 0
+        let key = (0..1000u64)
+            .map(h)
+            .find(|k| rendezvous(*k, &PODS) == Some(0))
+            .unwrap();
+        let d = run(Policy::Prefix, &busy([6, 0, 0]), &[key], &[], 0);
+        assert_eq!(d.reason, Reason::Cold);
+        assert_eq!(
+            d.pod, 0,
+            "within the imbalance allowance the rendezvous pod keeps it"
+        );
+        let loads = busy([9, 0, 0]);
+        // 9 − 0 > 8 and 9 > 2×0: the guard itself moves it
+        assert_ne!(run(Policy::Prefix, &loads, &[key], &[], 0).pod, 0);
+    }
+
+    #[test]
+    fn other_policies() {
+        let l = busy([2, 0, 1]);
+        assert_eq!(run(Policy::RoundRobin, &l, &[h(1)], &[], 4).pod, 1);
+        assert_eq!(
+            run(Policy::RoundRobin, &l, &[h(1)], &[], 4).reason,
+            Reason::RoundRobin
+        );
+        assert_eq!(run(Policy::Random, &l, &[h(1)], &[], 0).pod, 7 % 3);
+        assert_eq!(
+            run(Policy::LeastLoaded, &l, &[h(1)], &[(1, 0)], 0),
+            Decision {
+                pod: 1,
+                reason: Reason::LeastLoaded
+            }
+        );
+        // unhealthy pods are never chosen by any policy
+        let mut l = idle();
+        l[0].healthy = false;
+        l[2].healthy = false;
+        for p in [
+            Policy::Prefix,
+            Policy::RoundRobin,
+            Policy::Random,
+            Policy::LeastLoaded,
+        ] {
+            for c in 0..5 {
+                assert_eq!(run(p, &l, &[h(c)], &[(c, 0)], c).pod, 1, "{p:?}");
+            }
         }
     }
 
     #[test]
     fn no_pods_no_decision() {
         let empty: [&str; 0] = [];
-        assert!(choose(&empty, &[h(1)], |_| None, 0).is_none());
+        let w = Weights::default();
+        let input = Inputs {
+            policy: Policy::Prefix,
+            weights: &w,
+            pods: &empty,
+            loads: &[],
+            hashes: &[],
+            counter: 0,
+            random: 0,
+        };
+        assert!(decide(&input, |_| None).is_none());
     }
 
     #[test]
@@ -195,13 +498,16 @@ mod tests {
             counts[p] += 1;
         }
         assert!(counts.iter().all(|&c| c > 800), "{counts:?}");
-        // removing a pod only moves the keys that were on it
         let two = &PODS[..2];
         for i in 0..500u64 {
             let k = BlockHash(i.wrapping_mul(0x9E37_79B9_7F4A_7C15));
             let p = rendezvous(k, &PODS).unwrap();
             if p < 2 {
-                assert_eq!(rendezvous(k, two), Some(p));
+                assert_eq!(
+                    rendezvous(k, two),
+                    Some(p),
+                    "removing a pod only moves its own keys"
+                );
             }
         }
     }
@@ -210,6 +516,7 @@ mod tests {
     fn reason_names() {
         assert_eq!(Reason::PrefixHit { blocks: 3 }.as_str(), "prefix-hit");
         assert_eq!(Reason::PrefixHit { blocks: 3 }.matched_blocks(), 3);
+        assert_eq!(Reason::Imbalanced.as_str(), "imbalanced");
         assert_eq!(Reason::Cold.matched_blocks(), 0);
     }
 }

@@ -1,6 +1,7 @@
 //! The routing filter's plugin configuration: typed, validated once, errors name the field.
 
 use crate::block::DEFAULT_BLOCK_SIZE;
+use crate::policy::{Policy, Weights};
 use serde::Deserialize;
 use std::net::SocketAddr;
 
@@ -29,6 +30,31 @@ pub struct RouterConfig {
     /// Slots in the ownership table (one shared-data key each; memory stays bounded).
     #[serde(default = "default_table_capacity")]
     pub table_capacity: u64,
+    /// `prefix` (default), `round_robin`, `random` or `least_loaded`.
+    #[serde(default)]
+    pub policy: Policy,
+    /// Weights of the prefix policy.
+    #[serde(default)]
+    pub weights: Weights,
+    /// How often pods are polled for health, load and cache events (0 disables polling).
+    #[serde(default = "default_poll_interval_ms")]
+    pub poll_interval_ms: u64,
+    /// Consecutive failed polls after which a pod is marked down.
+    #[serde(default = "default_down_after_failures")]
+    pub down_after_failures: u32,
+    /// Envoy cluster the poller calls pods through (ORIGINAL_DST on the destination header).
+    #[serde(default = "default_cluster")]
+    pub cluster: String,
+}
+
+fn default_poll_interval_ms() -> u64 {
+    500
+}
+fn default_down_after_failures() -> u32 {
+    2
+}
+fn default_cluster() -> String {
+    "pods".to_owned()
 }
 
 fn default_block_size() -> u32 {
@@ -104,6 +130,31 @@ impl RouterConfig {
         if !(1..=16 * 1024 * 1024).contains(&self.table_capacity) {
             return Err(err("table_capacity", "must be between 1 and 16777216"));
         }
+        if self.poll_interval_ms != 0 && !(50..=60_000).contains(&self.poll_interval_ms) {
+            return Err(err(
+                "poll_interval_ms",
+                "must be 0 (off) or between 50 and 60000",
+            ));
+        }
+        if self.down_after_failures == 0 {
+            return Err(err("down_after_failures", "must be at least 1"));
+        }
+        if self.cluster.is_empty() {
+            return Err(err("cluster", "must not be empty"));
+        }
+        let w = &self.weights;
+        for (name, v) in [
+            ("weights.prefix", w.prefix),
+            ("weights.inflight", w.inflight),
+            ("weights.waiting", w.waiting),
+            ("weights.kv_cache", w.kv_cache),
+            ("weights.imbalance_abs", w.imbalance_abs),
+            ("weights.imbalance_ratio", w.imbalance_ratio),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(err(name, "must be a finite number ≥ 0"));
+            }
+        }
         Ok(())
     }
 }
@@ -118,6 +169,14 @@ mod tests {
         assert_eq!(c.block_size, 128);
         assert_eq!(c.model_name, "SmolLM2-135M-Instruct");
         assert!(!c.debug_headers);
+        assert_eq!(c.policy, Policy::Prefix);
+        let c = RouterConfig::parse(
+            br#"{"pods":["127.0.0.1:1"],"policy":"least_loaded","weights":{"prefix":3}}"#,
+        )
+        .unwrap();
+        assert_eq!(c.policy, Policy::LeastLoaded);
+        assert_eq!(c.weights.prefix, 3.0);
+        assert_eq!(c.weights.inflight, 1.0);
         for (json, field) in [
             (r#"{"pods":[]}"#, "pods"),
             (r#"{"pods":["localhost"]}"#, "pods[0]"),
@@ -134,6 +193,15 @@ mod tests {
             (r#"{"pods":["127.0.0.1:1"],"podz":1}"#, "podz"),
             (r#"{}"#, "pods"),
             (r#"{"pods":"x"}"#, "(json)"),
+            (
+                r#"{"pods":["127.0.0.1:1"],"poll_interval_ms":5}"#,
+                "poll_interval_ms",
+            ),
+            (
+                r#"{"pods":["127.0.0.1:1"],"weights":{"prefix":-1}}"#,
+                "weights.prefix",
+            ),
+            (r#"{"pods":["127.0.0.1:1"],"policy":"fastest"}"#, "(json)"),
         ] {
             let e = RouterConfig::parse(json.as_bytes()).unwrap_err();
             assert_eq!(e.field, field, "{json}: {e}");

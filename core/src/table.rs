@@ -7,7 +7,10 @@
 //! an empty candidate or else replaces the *older* of the two entries. Values carry the block
 //! hash itself, so a slot that now holds another block is simply a miss.
 //!
-//! Value layout (little-endian): `block hash u64 | stamp u64 | pod address (UTF-8)`.
+//! Value layout (little-endian): `block hash u64 | stamp u64 | generation u64 | pod address`.
+//! The generation is the owning pod's cache generation when the entry was written (it changes
+//! when the pod restarts or clears its cache), so a whole pod's entries expire at once without
+//! listing keys. An empty value is an empty slot.
 
 use crate::block::BlockHash;
 
@@ -20,31 +23,38 @@ pub struct Entry {
     pub hash: BlockHash,
     /// When the entry was written (router clock, nanoseconds); older entries are replaced first.
     pub stamp: u64,
+    /// The pod's cache generation when written.
+    pub generation: u64,
     pub pod: String,
 }
+
+const HEADER: usize = 24;
 
 impl Entry {
     pub fn encode(&self) -> Vec<u8> {
         let pod = self.pod.as_bytes();
         let pod = &pod[..pod.len().min(MAX_POD_ADDR)];
-        let mut v = Vec::with_capacity(16 + pod.len());
+        let mut v = Vec::with_capacity(HEADER + pod.len());
         v.extend_from_slice(&self.hash.0.to_le_bytes());
         v.extend_from_slice(&self.stamp.to_le_bytes());
+        v.extend_from_slice(&self.generation.to_le_bytes());
         v.extend_from_slice(pod);
         v
     }
 
     /// `None` for empty or malformed values (treated as an empty slot).
     pub fn decode(v: &[u8]) -> Option<Entry> {
-        if v.len() < 17 || v.len() > 16 + MAX_POD_ADDR {
+        if v.len() <= HEADER || v.len() > HEADER + MAX_POD_ADDR {
             return None;
         }
-        let hash = u64::from_le_bytes(v.get(0..8)?.try_into().ok()?);
-        let stamp = u64::from_le_bytes(v.get(8..16)?.try_into().ok()?);
-        let pod = std::str::from_utf8(v.get(16..)?).ok()?.to_owned();
+        let word = |i: usize| -> Option<u64> {
+            Some(u64::from_le_bytes(v.get(i..i + 8)?.try_into().ok()?))
+        };
+        let pod = std::str::from_utf8(v.get(HEADER..)?).ok()?.to_owned();
         Some(Entry {
-            hash: BlockHash(hash),
-            stamp,
+            hash: BlockHash(word(0)?),
+            stamp: word(8)?,
+            generation: word(16)?,
             pod,
         })
     }
@@ -106,6 +116,7 @@ mod tests {
         Entry {
             hash: BlockHash(h),
             stamp,
+            generation: 3,
             pod: "127.0.0.1:8001".into(),
         }
     }
@@ -115,7 +126,7 @@ mod tests {
         let x = e(42, 7);
         assert_eq!(Entry::decode(&x.encode()), Some(x));
         assert_eq!(Entry::decode(b""), None);
-        assert_eq!(Entry::decode(&[0u8; 16]), None);
+        assert_eq!(Entry::decode(&[0u8; 24]), None);
         let mut bad = e(1, 1).encode();
         bad.push(0xff);
         assert_eq!(Entry::decode(&bad), None);

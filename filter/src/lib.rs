@@ -2,20 +2,24 @@
 //!
 //! For `POST /v1/completions` and `/v1/chat/completions` it holds the request until the body
 //! is complete, renders and tokenizes the prompt exactly as the model servers do, hashes its
-//! full blocks, and sends the request to the pod owning the longest leading chain of them by
-//! setting `x-gateway-destination-endpoint` for Envoy's ORIGINAL_DST cluster. A value sent by
-//! the client is always removed first. Other paths are balanced across the pods.
+//! full blocks, and picks a pod by cache affinity and load ([`router`], `prefix_core::policy`),
+//! by setting `x-gateway-destination-endpoint` for Envoy's ORIGINAL_DST cluster. A value sent
+//! by the client is always removed first. Other paths are balanced by load.
 //!
-//! The glue here only moves bytes and headers; decisions are in [`router`] and `prefix-core`.
-//! The filter never panics and never answers 5xx: if its own state is broken it falls back to
-//! plain balancing.
+//! One VM (elected through a lease in shared data) polls every pod each `poll_interval_ms`
+//! for health, load and cache events ([`poller`]); all workers share what it learns.
+//!
+//! The glue here only moves bytes and headers. The filter never panics and never answers 5xx:
+//! if its own state is broken it falls back to plain balancing.
 
 pub mod host;
 pub mod metrics;
 pub mod ownership;
+pub mod pods;
+pub mod poller;
 pub mod router;
 
-use host::EnvoyHost;
+use host::{EnvoyHost, Host};
 use metrics::Metrics;
 use prefix_core::policy::{Decision, Reason};
 use prefix_core::request::Endpoint;
@@ -24,7 +28,10 @@ use prefix_core::{ApiError, BlockSize, ModelBundle};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
 use router::Router;
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::rc::Rc;
+use std::time::Duration;
 
 /// The model's tokenizer, embedded at build time (see build.rs).
 static TOKENIZER_JSON: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/tokenizer.json"));
@@ -52,6 +59,14 @@ pub fn embedded_bundle(config: &RouterConfig) -> Option<ModelBundle> {
     }
 }
 
+/// A random 64-bit id (std's hash seeds come from the host's randomness via WASI).
+fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0x5eed);
+    h.finish()
+}
+
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(RouterRoot::default()) });
@@ -60,10 +75,65 @@ proxy_wasm::main! {{
 #[derive(Default)]
 struct RouterRoot {
     router: Option<Rc<Router>>,
-    metrics: Metrics,
+    metrics: Rc<Metrics>,
+    vm_id: u64,
+    /// poll call token → pod index
+    polls: RefCell<HashMap<u32, usize>>,
 }
 
-impl Context for RouterRoot {}
+impl Context for RouterRoot {
+    fn on_http_call_response(
+        &mut self,
+        token: u32,
+        _headers: usize,
+        body_size: usize,
+        _trailers: usize,
+    ) {
+        let Some(pod) = self.polls.borrow_mut().remove(&token) else {
+            return;
+        };
+        let Some(router) = self.router.clone() else {
+            return;
+        };
+        let addr = router.pod(pod).to_owned();
+        let status = self.get_http_call_response_header(":status");
+        let now = EnvoyHost.now_nanos();
+        let result = match status.as_deref() {
+            Some("200") => {
+                let body = self
+                    .get_http_call_response_body(0, body_size)
+                    .unwrap_or_default();
+                poller::apply_success(&EnvoyHost, &router.keys, &router.layout, &addr, &body, now)
+            }
+            other => Err(format!("poll of {addr} failed (status {other:?})")),
+        };
+        match result {
+            Ok(a) => {
+                if a.recovered {
+                    log::info!("prefix-router: pod {addr} is back");
+                }
+                if a.new_generation {
+                    log::info!(
+                        "prefix-router: pod {addr} has a new cache generation (restart or resync)"
+                    );
+                }
+                self.metrics.events(a.stored, a.removed, a.new_generation);
+            }
+            Err(e) => {
+                self.metrics.poll_failed();
+                let st = poller::apply_failure(
+                    &EnvoyHost,
+                    &router.keys,
+                    &addr,
+                    router.config.down_after_failures,
+                );
+                if st.is_some_and(|s| !s.healthy && s.fails == router.config.down_after_failures) {
+                    log::warn!("prefix-router: pod {addr} marked down: {e}");
+                }
+            }
+        }
+    }
+}
 
 impl RootContext for RouterRoot {
     fn on_configure(&mut self, _size: usize) -> bool {
@@ -84,25 +154,92 @@ impl RootContext for RouterRoot {
             .map(|d| d.as_millis())
             .unwrap_or(0);
         log::info!(
-            "prefix-router: configured {} pods, block size {}, model '{}', table {} slots; tokenizer {} in {took} ms",
+            "prefix-router: configured {} pods, policy {:?}, block size {}, model '{}', table {} slots, poll every {} ms; tokenizer {} in {took} ms",
             config.pods.len(),
+            config.policy,
             config.block_size,
             config.model_name,
             config.table_capacity,
+            config.poll_interval_ms,
             if bundle.is_some() { "loaded" } else { "MISSING (failing open)" },
         );
-        self.metrics = Metrics::define();
-        self.router = Some(Rc::new(Router::new(config, bundle)));
+        self.vm_id = random_u64();
+        self.metrics = Rc::new(Metrics::define(config.pods.len()));
+        if config.poll_interval_ms > 0 {
+            self.set_tick_period(Duration::from_millis(config.poll_interval_ms));
+        }
+        self.router = Some(Rc::new(Router::new(config, bundle, self.vm_id)));
         true
+    }
+
+    fn on_tick(&mut self) {
+        let Some(router) = self.router.clone() else {
+            return;
+        };
+        let now = EnvoyHost.now_nanos();
+        let period_ns = router.config.poll_interval_ms.saturating_mul(1_000_000);
+        if !pods::try_lease(
+            &EnvoyHost,
+            &router.keys,
+            self.vm_id,
+            now,
+            period_ns.saturating_mul(3),
+        ) {
+            return; // another VM is the poller
+        }
+        let timeout = Duration::from_millis(router.config.poll_interval_ms.max(100));
+        for (i, addr) in router.config.pods.iter().enumerate() {
+            let (st, _) = pods::read_state(&EnvoyHost, &router.keys, addr);
+            let lag_ms = if st.last_ok_ns == 0 {
+                0
+            } else {
+                now.saturating_sub(st.last_ok_ns) / 1_000_000
+            };
+            self.metrics.pod(
+                i,
+                st.healthy,
+                pods::inflight(&EnvoyHost, &router.keys, addr),
+                lag_ms,
+            );
+            if self.polls.borrow().values().any(|&p| p == i) {
+                continue; // the previous poll of this pod is still out
+            }
+            let path = format!("/v1/cache/events?since={}", st.seq);
+            let headers = vec![
+                (":method", "GET"),
+                (":path", path.as_str()),
+                (":authority", addr.as_str()),
+                (DESTINATION_HEADER, addr.as_str()),
+            ];
+            match self.dispatch_http_call(&router.config.cluster, headers, None, vec![], timeout) {
+                Ok(token) => {
+                    self.polls.borrow_mut().insert(token, i);
+                }
+                Err(e) => {
+                    self.metrics.poll_failed();
+                    log::warn!(
+                        "prefix-router: cannot poll {addr} through cluster '{}': {e:?}",
+                        router.config.cluster
+                    );
+                    poller::apply_failure(
+                        &EnvoyHost,
+                        &router.keys,
+                        addr,
+                        router.config.down_after_failures,
+                    );
+                }
+            }
+        }
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         Some(Box::new(RouterHttp {
             router: self.router.clone(),
-            metrics: self.metrics,
+            metrics: Rc::clone(&self.metrics),
             endpoint: None,
             decision: None,
             prefix_hash: None,
+            counted: false,
             done: false,
         }))
     }
@@ -114,10 +251,12 @@ impl RootContext for RouterRoot {
 
 struct RouterHttp {
     router: Option<Rc<Router>>,
-    metrics: Metrics,
+    metrics: Rc<Metrics>,
     endpoint: Option<Endpoint>,
     decision: Option<Decision>,
     prefix_hash: Option<String>,
+    /// this request holds an in-flight slot on the chosen pod
+    counted: bool,
     done: bool,
 }
 
@@ -156,6 +295,7 @@ impl RouterHttp {
                     self.metrics.route_time(d.as_micros() as u64);
                 }
                 self.prefix_hash = routed.prefix_hash.map(|h| h.to_hex());
+                self.counted = routed.counted;
                 self.set_destination(&router, routed.decision);
                 Action::Continue
             }
@@ -180,7 +320,8 @@ impl HttpContext for RouterHttp {
             None
         };
         if self.endpoint.is_none() {
-            self.set_destination(&router, router.balanced(Reason::Passthrough));
+            let d = router.plain(&EnvoyHost, Reason::Passthrough);
+            self.set_destination(&router, d);
             return Action::Continue;
         }
         let declared = self
@@ -228,6 +369,24 @@ impl HttpContext for RouterHttp {
         let (Some(router), Some(d)) = (self.router.clone(), self.decision) else {
             return Action::Continue;
         };
+        // Envoy itself answered 502/503 (no pod header): the pod refused or reset the
+        // connection. Mark it down now; the poller brings it back when it answers.
+        let status = self.get_http_response_header(":status").unwrap_or_default();
+        if (status == "503" || status == "502")
+            && self.get_http_response_header("x-inference-pod").is_none()
+        {
+            let addr = router.pod(d.pod).to_owned();
+            if poller::mark_down(
+                &EnvoyHost,
+                &router.keys,
+                &addr,
+                router.config.down_after_failures,
+            )
+            .is_some()
+            {
+                log::warn!("prefix-router: pod {addr} failed a request ({status}); marked down");
+            }
+        }
         if router.config.debug_headers {
             self.set_http_response_header(POD_DEBUG_HEADER, Some(router.pod(d.pod)));
             self.set_http_response_header(REASON_DEBUG_HEADER, Some(d.reason.as_str()));
@@ -238,5 +397,13 @@ impl HttpContext for RouterHttp {
             }
         }
         Action::Continue
+    }
+
+    fn on_log(&mut self) {
+        // The stream is over, however it ended: release the in-flight slot.
+        if let (true, Some(router), Some(d)) = (self.counted, self.router.clone(), self.decision) {
+            self.counted = false;
+            pods::add_inflight(&EnvoyHost, &router.keys, router.pod(d.pod), -1);
+        }
     }
 }

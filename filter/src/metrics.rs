@@ -1,88 +1,152 @@
-//! Filter metrics, defined through proxy-wasm so they appear in Envoy's `/stats/prometheus`
-//! (Envoy prefixes custom wasm metrics with `wasmcustom`).
+//! Filter metrics, defined through proxy-wasm so they appear in Envoy's `/stats/prometheus`.
+//! Per-pod series are named by the pod's position in the configured `pods` list
+//! (`prefix_router_pod0_healthy`, …), since wasm metrics carry no labels.
 
 use prefix_core::policy::Reason;
 use proxy_wasm::hostcalls::{define_metric, increment_metric, record_metric};
 use proxy_wasm::types::MetricType;
 
 #[derive(Default, Clone, Copy)]
-pub struct Metrics {
-    prefix_hit: Option<u32>,
-    cold: Option<u32>,
-    short_prompt: Option<u32>,
-    passthrough: Option<u32>,
-    fallback: Option<u32>,
-    matched_blocks: Option<u32>,
-    table_entries: Option<u32>,
-    table_replacements: Option<u32>,
-    table_conflicts: Option<u32>,
-    fail_open: Option<u32>,
-    rejected: Option<u32>,
-    tokenize_us: Option<u32>,
+struct Id(Option<u32>);
+
+impl Id {
+    fn def(kind: MetricType, name: &str) -> Id {
+        Id(define_metric(kind, name).ok())
+    }
+    fn inc(self, by: i64) {
+        if let (Some(id), true) = (self.0, by != 0) {
+            let _ = increment_metric(id, by);
+        }
+    }
+    fn set(self, v: u64) {
+        if let Some(id) = self.0 {
+            let _ = record_metric(id, v);
+        }
+    }
 }
 
-fn def(kind: MetricType, name: &str) -> Option<u32> {
-    define_metric(kind, name).ok()
+#[derive(Default, Clone, Copy)]
+struct PodIds {
+    healthy: Id,
+    inflight: Id,
+    event_lag_ms: Id,
+}
+
+#[derive(Default, Clone)]
+pub struct Metrics {
+    reasons: [Id; 9],
+    matched_blocks: Id,
+    table_entries: Id,
+    table_replacements: Id,
+    table_conflicts: Id,
+    fail_open: Id,
+    rejected: Id,
+    route_us: Id,
+    events_stored: Id,
+    events_removed: Id,
+    generations: Id,
+    polls_failed: Id,
+    pods: Vec<PodIds>,
+}
+
+const REASONS: [&str; 9] = [
+    "prefix_hit",
+    "cold",
+    "short_prompt",
+    "imbalanced",
+    "passthrough",
+    "fallback",
+    "round_robin",
+    "random",
+    "least_loaded",
+];
+
+fn reason_index(r: Reason) -> usize {
+    match r {
+        Reason::PrefixHit { .. } => 0,
+        Reason::Cold => 1,
+        Reason::ShortPrompt => 2,
+        Reason::Imbalanced => 3,
+        Reason::Passthrough => 4,
+        Reason::Fallback => 5,
+        Reason::RoundRobin => 6,
+        Reason::Random => 7,
+        Reason::LeastLoaded => 8,
+    }
 }
 
 impl Metrics {
     /// Defines every metric (idempotent per VM). A metric that cannot be defined is skipped.
-    pub fn define() -> Self {
+    pub fn define(pods: usize) -> Self {
         use MetricType::{Counter, Gauge, Histogram};
-        Metrics {
-            prefix_hit: def(Counter, "prefix_router_decisions_prefix_hit"),
-            cold: def(Counter, "prefix_router_decisions_cold"),
-            short_prompt: def(Counter, "prefix_router_decisions_short_prompt"),
-            passthrough: def(Counter, "prefix_router_decisions_passthrough"),
-            fallback: def(Counter, "prefix_router_decisions_fallback"),
-            matched_blocks: def(Counter, "prefix_router_matched_blocks"),
-            table_entries: def(Gauge, "prefix_router_table_entries"),
-            table_replacements: def(Counter, "prefix_router_table_replacements"),
-            table_conflicts: def(Counter, "prefix_router_table_conflicts"),
-            fail_open: def(Counter, "prefix_router_fail_open"),
-            rejected: def(Counter, "prefix_router_rejected"),
-            tokenize_us: def(Histogram, "prefix_router_route_us"),
+        let mut reasons = [Id::default(); 9];
+        for (i, r) in REASONS.iter().enumerate() {
+            reasons[i] = Id::def(Counter, &format!("prefix_router_decisions_{r}"));
         }
-    }
-
-    fn inc(id: Option<u32>, by: i64) {
-        if let Some(id) = id {
-            if by != 0 {
-                let _ = increment_metric(id, by);
-            }
+        Metrics {
+            reasons,
+            matched_blocks: Id::def(Counter, "prefix_router_matched_blocks"),
+            table_entries: Id::def(Gauge, "prefix_router_table_entries"),
+            table_replacements: Id::def(Counter, "prefix_router_table_replacements"),
+            table_conflicts: Id::def(Counter, "prefix_router_table_conflicts"),
+            fail_open: Id::def(Counter, "prefix_router_fail_open"),
+            rejected: Id::def(Counter, "prefix_router_rejected"),
+            route_us: Id::def(Histogram, "prefix_router_route_us"),
+            events_stored: Id::def(Counter, "prefix_router_events_blocks_stored"),
+            events_removed: Id::def(Counter, "prefix_router_events_blocks_removed"),
+            generations: Id::def(Counter, "prefix_router_pod_generation_changes"),
+            polls_failed: Id::def(Counter, "prefix_router_polls_failed"),
+            pods: (0..pods)
+                .map(|i| PodIds {
+                    healthy: Id::def(Gauge, &format!("prefix_router_pod{i}_healthy")),
+                    inflight: Id::def(Gauge, &format!("prefix_router_pod{i}_inflight")),
+                    event_lag_ms: Id::def(Gauge, &format!("prefix_router_pod{i}_event_lag_ms")),
+                })
+                .collect(),
         }
     }
 
     pub fn decision(&self, reason: Reason) {
-        let id = match reason {
-            Reason::PrefixHit { blocks } => {
-                Self::inc(self.matched_blocks, blocks as i64);
-                self.prefix_hit
-            }
-            Reason::Cold => self.cold,
-            Reason::ShortPrompt => self.short_prompt,
-            Reason::Passthrough => self.passthrough,
-            Reason::Fallback => {
-                Self::inc(self.fail_open, 1);
-                self.fallback
-            }
-        };
-        Self::inc(id, 1);
+        if let Reason::PrefixHit { blocks } = reason {
+            self.matched_blocks.inc(blocks as i64);
+        }
+        if reason == Reason::Fallback {
+            self.fail_open.inc(1);
+        }
+        self.reasons[reason_index(reason)].inc(1);
     }
 
     pub fn table(&self, filled: u32, replaced: u32, conflicts: u32) {
-        Self::inc(self.table_entries, filled.into());
-        Self::inc(self.table_replacements, replaced.into());
-        Self::inc(self.table_conflicts, conflicts.into());
+        self.table_entries.inc(filled.into());
+        self.table_replacements.inc(replaced.into());
+        self.table_conflicts.inc(conflicts.into());
     }
 
     pub fn rejected(&self) {
-        Self::inc(self.rejected, 1);
+        self.rejected.inc(1);
     }
 
     pub fn route_time(&self, micros: u64) {
-        if let Some(id) = self.tokenize_us {
-            let _ = record_metric(id, micros);
+        self.route_us.set(micros);
+    }
+
+    pub fn events(&self, stored: u32, removed: u32, new_generation: bool) {
+        self.events_stored.inc(stored.into());
+        self.events_removed.inc(removed.into());
+        if new_generation {
+            self.generations.inc(1);
+        }
+    }
+
+    pub fn poll_failed(&self) {
+        self.polls_failed.inc(1);
+    }
+
+    pub fn pod(&self, i: usize, healthy: bool, inflight: u64, lag_ms: u64) {
+        if let Some(p) = self.pods.get(i) {
+            p.healthy.set(u64::from(healthy));
+            p.inflight.set(inflight);
+            p.event_lag_ms.set(lag_ms);
         }
     }
 }

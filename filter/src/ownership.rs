@@ -37,30 +37,49 @@ impl<'a, H: Host> OwnershipTable<'a, H> {
         }
     }
 
-    /// The pod address that owns `h`, if any.
-    pub fn owner(&self, h: BlockHash) -> Option<String> {
+    /// The entry for `h` (owning pod and its generation then), if any.
+    pub fn owner(&self, h: BlockHash) -> Option<Entry> {
         self.layout
             .slots(h)
             .into_iter()
             .filter_map(|s| self.read(s).0)
             .find(|e| e.hash == h)
-            .map(|e| e.pod)
     }
 
-    /// Records `pod` as the owner of every block in `hashes`.
-    pub fn record(&self, hashes: &[BlockHash], pod: &str) -> RecordStats {
+    /// Forgets blocks `pod` no longer holds (entries now owned by another pod are kept).
+    pub fn remove(&self, hashes: &[BlockHash], pod: &str) -> u32 {
+        let mut removed = 0;
+        for &h in hashes {
+            for slot in self.layout.slots(h) {
+                let (cur, cas) = self.read(slot);
+                if cur.is_some_and(|e| e.hash == h && e.pod == pod)
+                    && self.host.shared_set(&self.layout.key(slot), &[], cas) == SetOutcome::Written
+                {
+                    removed += 1;
+                }
+            }
+        }
+        removed
+    }
+
+    /// Records `pod` (at cache `generation`) as the owner of every block in `hashes`.
+    pub fn record(&self, hashes: &[BlockHash], pod: &str, generation: u64) -> RecordStats {
         let mut stats = RecordStats::default();
         for &h in hashes {
             let slots = self.layout.slots(h);
             let cur = [self.read(slots[0]), self.read(slots[1])];
             let i = pick_slot(h, [cur[0].0.as_ref(), cur[1].0.as_ref()]);
             let (old, cas) = &cur[i];
-            if old.as_ref().is_some_and(|e| e.hash == h && e.pod == pod) {
-                continue; // already ours; keep the original stamp cheap to skip
+            if old
+                .as_ref()
+                .is_some_and(|e| e.hash == h && e.pod == pod && e.generation == generation)
+            {
+                continue; // already recorded
             }
             let entry = Entry {
                 hash: h,
                 stamp: self.host.now_nanos(),
+                generation,
                 pod: pod.to_owned(),
             };
             match self
@@ -88,22 +107,28 @@ mod tests {
     use crate::host::fake::FakeHost;
 
     #[test]
-    fn record_then_lookup() {
+    fn record_lookup_remove() {
         let host = FakeHost::default();
         let layout = TableLayout::new("t", 1024);
         let t = OwnershipTable::new(&host, &layout);
         let hs: Vec<BlockHash> = (1..=5).map(|i| BlockHash(i * 1_000_003)).collect();
-        assert_eq!(t.owner(hs[0]), None);
-        let s = t.record(&hs, "127.0.0.1:1");
-        assert_eq!(s.written, 5);
-        assert_eq!(s.filled, 5);
+        let owner = |h| t.owner(h).map(|e| (e.pod, e.generation));
+        assert_eq!(owner(hs[0]), None);
+        let s = t.record(&hs, "127.0.0.1:1", 0);
+        assert_eq!((s.written, s.filled), (5, 5));
         assert!(hs
             .iter()
-            .all(|&h| t.owner(h).as_deref() == Some("127.0.0.1:1")));
-        // re-recording the same owner writes nothing; a new owner takes over
-        assert_eq!(t.record(&hs, "127.0.0.1:1").written, 0);
-        assert_eq!(t.record(&hs[..1], "127.0.0.1:2").written, 1);
-        assert_eq!(t.owner(hs[0]).as_deref(), Some("127.0.0.1:2"));
+            .all(|&h| owner(h) == Some(("127.0.0.1:1".into(), 0))));
+        // re-recording the same owner writes nothing; a new owner or generation takes over
+        assert_eq!(t.record(&hs, "127.0.0.1:1", 0).written, 0);
+        assert_eq!(t.record(&hs[..1], "127.0.0.1:2", 0).written, 1);
+        assert_eq!(owner(hs[0]), Some(("127.0.0.1:2".into(), 0)));
+        assert_eq!(t.record(&hs[1..2], "127.0.0.1:1", 7).written, 1);
+        assert_eq!(owner(hs[1]), Some(("127.0.0.1:1".into(), 7)));
+        // removal only forgets the named pod's entries
+        assert_eq!(t.remove(&hs[..2], "127.0.0.1:1"), 1);
+        assert_eq!(owner(hs[1]), None);
+        assert_eq!(owner(hs[0]), Some(("127.0.0.1:2".into(), 0)));
     }
 
     #[test]
@@ -111,20 +136,18 @@ mod tests {
         let host = FakeHost::default();
         let layout = TableLayout::new("t", 16);
         let t = OwnershipTable::new(&host, &layout);
+        let key = |i: u64| BlockHash(i.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let mut replaced = 0;
         for i in 0..1000u64 {
-            replaced += t
-                .record(
-                    &[BlockHash(i.wrapping_mul(0x9E37_79B9_7F4A_7C15))],
-                    "127.0.0.1:1",
-                )
-                .replaced;
+            replaced += t.record(&[key(i)], "127.0.0.1:1", 0).replaced;
         }
         assert!(host.data.borrow().len() <= 16, "never more keys than slots");
         assert!(replaced > 900);
         // the newest block is always findable
-        let last = BlockHash(999u64.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        assert_eq!(t.owner(last).as_deref(), Some("127.0.0.1:1"));
+        assert_eq!(
+            t.owner(key(999)).map(|e| e.pod).as_deref(),
+            Some("127.0.0.1:1")
+        );
     }
 
     #[test]
@@ -136,7 +159,8 @@ mod tests {
             }
             fn shared_set(&self, k: &str, v: &[u8], cas: Option<u32>) -> SetOutcome {
                 // another worker writes between our read and our write
-                self.0.shared_set(k, b"interleaved-garbage", None);
+                self.0
+                    .shared_set(k, b"interleaved-garbage-from-elsewhere", None);
                 self.0.shared_set(k, v, cas)
             }
             fn now_nanos(&self) -> u64 {
@@ -146,8 +170,8 @@ mod tests {
         let host = Racy(FakeHost::default());
         let layout = TableLayout::new("t", 64);
         let t = OwnershipTable::new(&host, &layout);
-        t.record(&[BlockHash(7)], "127.0.0.1:1"); // creates the key (no CAS on new keys)
-        let s = t.record(&[BlockHash(7)], "127.0.0.1:2");
+        t.record(&[BlockHash(7)], "127.0.0.1:1", 0); // creates the key (no CAS on new keys)
+        let s = t.record(&[BlockHash(7)], "127.0.0.1:2", 0);
         assert_eq!(s.conflicts, 1);
     }
 }

@@ -5,7 +5,8 @@
 
 use crate::host::Host;
 use crate::ownership::{OwnershipTable, RecordStats};
-use prefix_core::policy::{choose, Decision, Reason};
+use crate::pods::{add_inflight, inflight, load_of, read_state, Keys, PodState};
+use prefix_core::policy::{decide, Decision, Inputs, PodLoad, Policy, Reason};
 use prefix_core::request::{parse_request, Endpoint};
 use prefix_core::router_config::RouterConfig;
 use prefix_core::table::TableLayout;
@@ -18,7 +19,9 @@ pub struct Router {
     /// `None` when the embedded tokenizer failed to load: every request then fails open.
     pub bundle: Option<ModelBundle>,
     pub layout: TableLayout,
-    balance: Cell<u64>,
+    pub keys: Keys,
+    counter: Cell<u64>,
+    rng: Cell<u64>,
 }
 
 /// The outcome for one inference request.
@@ -29,22 +32,26 @@ pub struct Routed {
     /// Hash of the prompt's last full block (it names the whole hashed prefix); `None` for
     /// prompts shorter than a block or when the filter failed open.
     pub prefix_hash: Option<BlockHash>,
+    /// The chosen pod's in-flight counter was incremented (decrement when the stream ends).
+    pub counted: bool,
 }
 
 impl Router {
-    pub fn new(config: RouterConfig, bundle: Option<ModelBundle>) -> Self {
+    pub fn new(config: RouterConfig, bundle: Option<ModelBundle>, seed: u64) -> Self {
         // The namespace names everything that changes slot meaning, so two differently
-        // configured plugins in one Envoy never read each other's slots as their own.
+        // configured plugins in one Envoy never read each other's state as their own.
         let namespace = format!(
-            "prefix-router/v1/{}/{}",
+            "prefix-router/v2/{}/{}",
             config.model_name, config.block_size
         );
-        let layout = TableLayout::new(&namespace, config.table_capacity);
+        let layout = TableLayout::new(&format!("{namespace}/table"), config.table_capacity);
         Router {
+            keys: Keys::new(&namespace),
             config,
             bundle,
             layout,
-            balance: Cell::new(0),
+            counter: Cell::new(seed),
+            rng: Cell::new(seed | 1),
         }
     }
 
@@ -53,12 +60,72 @@ impl Router {
         self.config.pods.get(i).map(String::as_str).unwrap_or("")
     }
 
-    /// Plain balancing (round-robin within this worker).
-    pub fn balanced(&self, reason: Reason) -> Decision {
-        let n = self.balance.get();
-        self.balance.set(n.wrapping_add(1));
+    fn next_counter(&self) -> u64 {
+        let n = self.counter.get();
+        self.counter.set(n.wrapping_add(1));
+        n
+    }
+
+    fn next_random(&self) -> u64 {
+        // xorshift64*
+        let mut x = self.rng.get();
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng.set(x);
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Every pod's state and routing view.
+    pub fn pod_views<H: Host>(&self, host: &H) -> (Vec<PodState>, Vec<PodLoad>) {
+        let states: Vec<PodState> = self
+            .config
+            .pods
+            .iter()
+            .map(|p| read_state(host, &self.keys, p).0)
+            .collect();
+        let loads = states
+            .iter()
+            .zip(&self.config.pods)
+            .map(|(st, p)| load_of(st, inflight(host, &self.keys, p)))
+            .collect();
+        (states, loads)
+    }
+
+    fn choose<H: Host>(
+        &self,
+        host: &H,
+        policy: Policy,
+        hashes: &[BlockHash],
+        states: &[PodState],
+        loads: &[PodLoad],
+    ) -> Option<Decision> {
+        let table = OwnershipTable::new(host, &self.layout);
+        let pods = &self.config.pods;
+        let input = Inputs {
+            policy,
+            weights: &self.config.weights,
+            pods,
+            loads,
+            hashes,
+            counter: self.next_counter(),
+            random: self.next_random(),
+        };
+        decide(&input, |h| {
+            let e = table.owner(h)?;
+            let i = pods.iter().position(|p| *p == e.pod)?;
+            // only entries of the pod's current cache generation are live
+            (states.get(i)?.generation == e.generation).then_some(i)
+        })
+    }
+
+    /// Plain balancing (least loaded among healthy pods, rotating among equals), e.g. for
+    /// `/v1/models` or when the router cannot read the prompt.
+    pub fn plain<H: Host>(&self, host: &H, reason: Reason) -> Decision {
+        let (states, loads) = self.pod_views(host);
+        let d = self.choose(host, Policy::LeastLoaded, &[], &states, &loads);
         Decision {
-            pod: (n % self.config.pods.len().max(1) as u64) as usize,
+            pod: d.map(|d| d.pod).unwrap_or(0),
             reason,
         }
     }
@@ -75,42 +142,30 @@ impl Router {
             return Err(ApiError::too_large(self.config.max_body_bytes));
         }
         let req = parse_request(endpoint, body)?;
+        let fallback = |this: &Self| Routed {
+            decision: this.plain(host, Reason::Fallback),
+            table: RecordStats::default(),
+            prefix_hash: None,
+            counted: false,
+        };
         let Some(bundle) = &self.bundle else {
-            return Ok(Routed {
-                decision: self.balanced(Reason::Fallback),
-                table: RecordStats::default(),
-                prefix_hash: None,
-            });
+            return Ok(fallback(self));
         };
         let prompt = bundle.prepare(&req)?;
-        let table = OwnershipTable::new(host, &self.layout);
-        let pods = &self.config.pods;
-        let balance = self.balance.get();
-        let decision = choose(
-            pods,
-            &prompt.hashes,
-            |h| {
-                table
-                    .owner(h)
-                    .and_then(|addr| pods.iter().position(|p| *p == addr))
-            },
-            balance as usize,
-        );
-        let Some(decision) = decision else {
-            return Ok(Routed {
-                decision: self.balanced(Reason::Fallback),
-                table: RecordStats::default(),
-                prefix_hash: None,
-            });
+        let (states, loads) = self.pod_views(host);
+        let Some(decision) = self.choose(host, self.config.policy, &prompt.hashes, &states, &loads)
+        else {
+            return Ok(fallback(self));
         };
-        if decision.reason == Reason::ShortPrompt {
-            self.balance.set(balance.wrapping_add(1));
-        }
-        let stats = table.record(&prompt.hashes, self.pod(decision.pod));
+        let pod = self.pod(decision.pod);
+        let generation = states.get(decision.pod).map(|s| s.generation).unwrap_or(0);
+        let table = OwnershipTable::new(host, &self.layout).record(&prompt.hashes, pod, generation);
+        let counted = add_inflight(host, &self.keys, pod, 1).is_some();
         Ok(Routed {
             decision,
-            table: stats,
+            table,
             prefix_hash: prompt.hashes.last().copied(),
+            counted,
         })
     }
 }
@@ -148,7 +203,14 @@ mod tests {
             br#"{"pods":["127.0.0.1:8001","127.0.0.1:8002","127.0.0.1:8003"],"block_size":4,"model_name":"m","table_capacity":4096}"#,
         )
         .unwrap();
-        Router::new(cfg, bundle)
+        Router::new(cfg, bundle, 0)
+    }
+
+    /// The request finished: release its in-flight slot, as the filter does in `on_log`.
+    fn done(r: &Router, host: &FakeHost, routed: &Routed) {
+        if routed.counted {
+            crate::pods::add_inflight(host, &r.keys, r.pod(routed.decision.pod), -1);
+        }
     }
 
     fn body(prompt: &str) -> Vec<u8> {
@@ -167,10 +229,12 @@ mod tests {
         assert_eq!(first.decision.reason, Reason::Cold);
         assert_eq!(first.table.written, 2);
         assert!(first.prefix_hash.is_some());
+        done(&r, &host, &first);
         for _ in 0..5 {
             let again = r
                 .route(&host, Endpoint::Completions, &body("abcdefghij"))
                 .unwrap();
+            done(&r, &host, &again);
             assert_eq!(again.decision.pod, first.decision.pod);
             assert_eq!(again.decision.reason, Reason::PrefixHit { blocks: 2 });
         }
@@ -188,22 +252,58 @@ mod tests {
     }
 
     #[test]
-    fn short_prompts_are_balanced() {
+    fn short_prompts_are_balanced_by_load() {
         let host = FakeHost::default();
         let r = router(Some(tiny_bundle(4)));
-        let pods: Vec<usize> = (0..6)
-            .map(|_| {
-                r.route(&host, Endpoint::Completions, &body("abc"))
-                    .unwrap()
-                    .decision
-            })
-            .inspect(|d| assert_eq!(d.reason, Reason::ShortPrompt))
-            .map(|d| d.pod)
-            .collect();
-        assert_eq!(pods, vec![0, 1, 2, 0, 1, 2]);
-        assert!(
-            host.data.borrow().is_empty(),
-            "short prompts record nothing"
+        let mut counts = [0usize; 3];
+        for _ in 0..6 {
+            let d = r.route(&host, Endpoint::Completions, &body("abc")).unwrap();
+            assert_eq!(d.decision.reason, Reason::ShortPrompt);
+            assert!(d.counted);
+            assert_eq!(d.table.written, 0, "short prompts record nothing");
+            counts[d.decision.pod] += 1;
+        }
+        // nothing ever finished, so in-flight load spreads them evenly
+        assert_eq!(counts, [2, 2, 2]);
+    }
+
+    #[test]
+    fn dead_and_restarted_pods() {
+        let host = FakeHost::default();
+        let r = router(Some(tiny_bundle(4)));
+        let routed = r
+            .route(&host, Endpoint::Completions, &body("abcdefgh"))
+            .unwrap();
+        done(&r, &host, &routed);
+        let first = routed.decision;
+        let owner = r.pod(first.pod).to_owned();
+        // the owner goes down: the repeat is cold elsewhere
+        crate::poller::mark_down(&host, &r.keys, &owner, 2).unwrap();
+        let routed = r
+            .route(&host, Endpoint::Completions, &body("abcdefgh"))
+            .unwrap();
+        done(&r, &host, &routed);
+        let d = routed.decision;
+        assert_ne!(d.pod, first.pod);
+        assert_eq!(d.reason, Reason::Cold);
+        // it comes back, then restarts (new epoch): its old entries are dead, and the
+        // blocks now belong to the pod that took over
+        let ok =
+            |epoch: &str| serde_json::json!({"epoch": epoch, "seq": 0, "events": []}).to_string();
+        crate::poller::apply_success(&host, &r.keys, &r.layout, &owner, ok("e1").as_bytes(), 1)
+            .unwrap();
+        crate::poller::apply_success(&host, &r.keys, &r.layout, &owner, ok("e2").as_bytes(), 2)
+            .unwrap();
+        let again = r
+            .route(&host, Endpoint::Completions, &body("abcdefgh"))
+            .unwrap()
+            .decision;
+        assert_eq!(
+            again,
+            Decision {
+                pod: d.pod,
+                reason: Reason::PrefixHit { blocks: 2 }
+            }
         );
     }
 

@@ -19,6 +19,11 @@ pub struct EnvoySettings {
     pub max_body_bytes: usize,
     pub debug_headers: bool,
     pub table_capacity: u64,
+    /// `prefix`, `round_robin`, `random` or `least_loaded`.
+    pub policy: String,
+    pub poll_interval_ms: u64,
+    /// Extra plugin-config fields merged in as-is (e.g. `weights`).
+    pub extra: serde_json::Map<String, serde_json::Value>,
 }
 
 impl EnvoySettings {
@@ -38,20 +43,28 @@ impl EnvoySettings {
             max_body_bytes: 4 * 1024 * 1024,
             debug_headers: true,
             table_capacity: 65_536,
+            policy: "prefix".into(),
+            poll_interval_ms: 500,
+            extra: serde_json::Map::new(),
         }
     }
 
     /// The filter's plugin configuration JSON.
     pub fn plugin_config(&self) -> String {
-        json!({
+        let mut v = json!({
             "pods": self.pods,
             "block_size": self.block_size,
             "model_name": self.model_name,
             "max_body_bytes": self.max_body_bytes,
             "debug_headers": self.debug_headers,
             "table_capacity": self.table_capacity,
-        })
-        .to_string()
+            "policy": self.policy,
+            "poll_interval_ms": self.poll_interval_ms,
+        });
+        if let Some(obj) = v.as_object_mut() {
+            obj.extend(self.extra.clone());
+        }
+        v.to_string()
     }
 }
 

@@ -4,6 +4,7 @@
 pub mod bench;
 pub mod cluster;
 pub mod envoy_config;
+pub mod fleet;
 pub mod paths;
 pub mod process;
 pub mod prometheus;

@@ -26,17 +26,10 @@ pub fn wasm_path() -> PathBuf {
         .unwrap_or_else(|| target_dir().join("wasm32-wasip1/wasm/prefix_router_filter.wasm"))
 }
 
-/// The model-server binary; `MODEL_SERVER_BIN` overrides, else release if built, else debug.
+/// The model-server binary: the debug build that `cargo build` / the test script make;
+/// `MODEL_SERVER_BIN` overrides (the benchmarks point it at the release build).
 pub fn model_server_bin() -> PathBuf {
-    if let Some(p) = env_path("MODEL_SERVER_BIN") {
-        return p;
-    }
-    let release = target_dir().join("release/model-server");
-    if release.is_file() {
-        release
-    } else {
-        target_dir().join("debug/model-server")
-    }
+    env_path("MODEL_SERVER_BIN").unwrap_or_else(|| target_dir().join("debug/model-server"))
 }
 
 /// Prometheus (Debian package); `PROMETHEUS_BIN` overrides.

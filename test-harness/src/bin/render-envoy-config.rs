@@ -34,6 +34,12 @@ struct Args {
     debug_headers: bool,
     #[arg(long, default_value_t = 65_536)]
     table_capacity: u64,
+    /// Routing policy: prefix, round_robin, random, least_loaded.
+    #[arg(long, default_value = "prefix")]
+    policy: String,
+    /// How often the filter polls pods for health, load and cache events (0 = never).
+    #[arg(long, default_value_t = 500)]
+    poll_interval_ms: u64,
     /// Write here instead of stdout.
     #[arg(long, short)]
     out: Option<PathBuf>,
@@ -48,6 +54,8 @@ fn main() -> anyhow::Result<()> {
     s.max_body_bytes = a.max_body_bytes;
     s.debug_headers = a.debug_headers;
     s.table_capacity = a.table_capacity;
+    s.policy = a.policy;
+    s.poll_interval_ms = a.poll_interval_ms;
     let yaml = render(&s, &paths::envoy_template_dir())?;
     match a.out {
         Some(p) => std::fs::write(p, yaml)?,

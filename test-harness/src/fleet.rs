@@ -1,0 +1,160 @@
+//! A fleet for tests: pods plus one or more Envoys, and helpers to send requests through them.
+
+use crate::cluster::{
+    client, metric_value, pod_metric, run_dir, start_envoy, start_pods, Envoy, Pod,
+};
+use crate::envoy_config::EnvoySettings;
+use reqwest::blocking::{Client, Response};
+use serde_json::Value;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Flags that make the sim engine answer at once.
+pub const ZERO_COST: [&str; 6] = [
+    "--sim-ttft-base-ms",
+    "0",
+    "--sim-prefill-us-per-token",
+    "0",
+    "--sim-decode-ms-per-token",
+    "0",
+];
+
+pub struct Fleet {
+    pub pods: Vec<Pod>,
+    pub envoy: Envoy,
+    pub http: Client,
+    pub dir: PathBuf,
+}
+
+/// A response, read whole.
+pub struct Answer {
+    pub status: u16,
+    /// `x-inference-pod` (empty when no pod answered)
+    pub pod: String,
+    pub headers: reqwest::header::HeaderMap,
+    pub body: Value,
+}
+
+impl Answer {
+    pub fn read(r: Response) -> Answer {
+        let status = r.status().as_u16();
+        let headers = r.headers().clone();
+        let pod = headers
+            .get("x-inference-pod")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        let body = r.json::<Value>().unwrap_or(Value::Null);
+        Answer {
+            status,
+            pod,
+            headers,
+            body,
+        }
+    }
+
+    pub fn header(&self, name: &str) -> &str {
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+    }
+
+    /// `usage.prompt_tokens_details.cached_tokens`
+    pub fn cached(&self) -> u64 {
+        self.body["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no usage in {} (status {})", self.body, self.status))
+    }
+
+    pub fn reason(&self) -> &str {
+        self.header("x-prefix-router-reason")
+    }
+}
+
+impl Fleet {
+    /// `n` pods with `pod_args`, one Envoy with the filter, tweaked by `tweak`.
+    pub fn start(
+        name: &str,
+        n: usize,
+        pod_args: &[&str],
+        tweak: impl FnOnce(&mut EnvoySettings),
+    ) -> anyhow::Result<Fleet> {
+        let dir = run_dir(name);
+        let pods = start_pods(n, pod_args, &dir)?;
+        let envoy = start_envoy("envoy", &Self::addrs_of(&pods), true, tweak, &dir)?;
+        Ok(Fleet {
+            pods,
+            envoy,
+            http: client(),
+            dir,
+        })
+    }
+
+    fn addrs_of(pods: &[Pod]) -> Vec<String> {
+        pods.iter().map(|p| p.addr.clone()).collect()
+    }
+
+    pub fn addrs(&self) -> Vec<String> {
+        Self::addrs_of(&self.pods)
+    }
+
+    /// POST JSON through `envoy` with extra headers.
+    pub fn send_via(
+        &self,
+        envoy: &Envoy,
+        path: &str,
+        body: &Value,
+        extra: &[(&str, &str)],
+    ) -> Answer {
+        let mut req = self.http.post(envoy.url(path)).json(body);
+        for (k, v) in extra {
+            req = req.header(*k, *v);
+        }
+        Answer::read(req.send().expect("request through envoy"))
+    }
+
+    pub fn send(&self, path: &str, body: &Value, extra: &[(&str, &str)]) -> Answer {
+        self.send_via(&self.envoy, path, body, extra)
+    }
+
+    /// Every pod's `vllm:prefix_cache_hits_total`.
+    pub fn hits(&self) -> Vec<f64> {
+        self.pods
+            .iter()
+            .map(|p| {
+                pod_metric(&self.http, &p.addr, "vllm:prefix_cache_hits_total").unwrap_or(f64::NAN)
+            })
+            .collect()
+    }
+
+    pub fn pod_index(&self, name: &str) -> usize {
+        self.pods
+            .iter()
+            .position(|p| p.name == name)
+            .unwrap_or_else(|| panic!("unknown pod {name}"))
+    }
+
+    /// One of `envoy`'s stats from `/stats/prometheus` (0 when not yet defined).
+    pub fn stat(&self, envoy: &Envoy, name: &str) -> f64 {
+        let text = self
+            .http
+            .get(envoy.admin_url("/stats/prometheus"))
+            .send()
+            .and_then(|r| r.text())
+            .unwrap_or_default();
+        metric_value(&text, name).unwrap_or(0.0)
+    }
+
+    /// Polls `cond` every 50 ms until true or `timeout`; returns whether it became true.
+    pub fn wait(&self, timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if cond() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        cond()
+    }
+}

@@ -1,0 +1,299 @@
+//! Load-, health- and eviction-aware routing with real processes: pods die, restart, evict;
+//! bursts spread; separate Envoys agree. Loops are bounded in count and time; 127.0.0.1 only.
+
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+use test_harness::cluster::{client, start_envoy, start_pod};
+use test_harness::fleet::{Answer, Fleet, ZERO_COST};
+
+const POLL_MS: u64 = 200;
+
+const RUNBOOK: &str = "You are the on-call assistant for the payments platform. Before answering, read the \
+incident context carefully. Confirm the affected service, the region, the time the alert fired and the \
+current error rate. Check the deployment history for changes in the last two hours and compare latency \
+percentiles against the weekly baseline. If a rollback is possible and the change correlates with the \
+incident, recommend it first. Escalate to the database team when replication lag exceeds thirty seconds. ";
+
+fn prompt(tag: &str) -> Value {
+    json!({"prompt": format!("{tag}: {RUNBOOK}{RUNBOOK}"), "max_tokens": 2})
+}
+
+fn fleet(name: &str, pod_args: &[&str]) -> Fleet {
+    Fleet::start(name, 3, pod_args, |s| s.poll_interval_ms = POLL_MS).expect("fleet starts")
+}
+
+#[test]
+fn killed_pod_is_avoided() {
+    let mut f = fleet("kill", &ZERO_COST);
+    let victim = 1;
+    let victim_addr = f.pods[victim].addr.clone();
+    // steady load of different prompts (one every ~10 ms), bounded in count and time;
+    // kill -9 one pod after one second of it
+    let start = Instant::now();
+    let mut killed_at: Option<Instant> = None;
+    let (mut before, mut after_kill, mut failed) = (0, 0, Vec::new());
+    for i in 0..400 {
+        if start.elapsed() > Duration::from_secs(4) {
+            break;
+        }
+        if killed_at.is_none() && start.elapsed() > Duration::from_secs(1) {
+            f.pods[victim].proc.kill();
+            killed_at = Some(Instant::now());
+        }
+        let a = f.send("/v1/completions", &prompt(&format!("request {i}")), &[]);
+        match killed_at {
+            None => {
+                assert_eq!(a.status, 200);
+                before += 1;
+            }
+            Some(t) => {
+                after_kill += 1;
+                if a.status != 200 {
+                    failed.push((i, t.elapsed(), a.status));
+                }
+                if t.elapsed() > Duration::from_millis(POLL_MS * 3) {
+                    assert_eq!(
+                        a.status,
+                        200,
+                        "request {i} failed {:?} after the kill",
+                        t.elapsed()
+                    );
+                    assert_ne!(
+                        a.header("x-prefix-router-pod"),
+                        victim_addr,
+                        "routed to the dead pod"
+                    );
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    println!("{before} requests before the kill, {after_kill} after; failed after the kill: {} {failed:?}", failed.len());
+    assert!(after_kill > 50, "the load must go on well past the kill");
+    // a sequential client has at most one request in flight to the dead pod; the filter marks
+    // the pod down on that failure, so at most that one (or one racing the poller) is lost
+    assert!(failed.len() <= 2, "{failed:?}");
+    assert!(
+        f.wait(Duration::from_secs(5), || f
+            .stat(&f.envoy, &format!("prefix_router_pod{victim}_healthy"))
+            == 0.0),
+        "the dead pod is reported down"
+    );
+}
+
+#[test]
+fn restarted_pod_loses_its_entries_then_reseeds() {
+    let mut f = fleet("restart", &ZERO_COST);
+    let body = prompt("restart scenario");
+    let first = f.send("/v1/completions", &body, &[]);
+    assert_eq!(first.reason(), "cold");
+    let again = f.send("/v1/completions", &body, &[]);
+    assert_eq!(
+        (again.pod.as_str(), again.reason()),
+        (first.pod.as_str(), "prefix-hit")
+    );
+    assert!(again.cached() > 0);
+
+    // kill -9 and restart on the same address
+    let i = f.pod_index(&first.pod);
+    let port: u16 = f.pods[i].addr.rsplit(':').next().unwrap().parse().unwrap();
+    f.pods[i].proc.kill();
+    let generations = f.stat(&f.envoy, "prefix_router_pod_generation_changes");
+    let dir = f.dir.clone();
+    f.pods[i] = start_pod(&first.pod, port, &ZERO_COST, &dir, &client()).unwrap();
+    assert!(
+        f.wait(Duration::from_secs(10), || {
+            f.stat(&f.envoy, "prefix_router_pod_generation_changes") > generations
+                && f.stat(&f.envoy, &format!("prefix_router_pod{i}_healthy")) == 1.0
+        }),
+        "the filter never noticed the restart: {}",
+        f.http
+            .get(f.envoy.admin_url("/stats/prometheus"))
+            .send()
+            .unwrap()
+            .text()
+            .unwrap()
+            .lines()
+            .filter(|l| l.starts_with("prefix_router"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    // the first request after the restart is a miss that re-seeds; later ones hit
+    let after = f.send("/v1/completions", &body, &[]);
+    assert_eq!(after.cached(), 0);
+    assert_ne!(after.reason(), "prefix-hit", "old entries must be gone");
+    let later = f.send("/v1/completions", &body, &[]);
+    assert_eq!(later.pod, after.pod);
+    assert_eq!(later.reason(), "prefix-hit");
+    assert!(later.cached() > 0);
+}
+
+#[test]
+fn evicted_blocks_make_the_next_request_cold() {
+    // every pod can hold just one block
+    let mut args = ZERO_COST.to_vec();
+    args.extend(["--cache-blocks", "1"]);
+    let f = fleet("evict", &args);
+    let a = prompt("prompt A");
+    let first = f.send("/v1/completions", &a, &[]);
+    assert_eq!(first.status, 200);
+    let owner = first.pod.clone();
+    // send other prompts until one lands on the owner and evicts A's block
+    let landed = (0..40).any(|k| {
+        f.send(
+            "/v1/completions",
+            &prompt(&format!("other prompt {k}")),
+            &[],
+        )
+        .pod == owner
+    });
+    assert!(landed, "no other prompt reached {owner}");
+    // wait until the filter has applied every eviction the pods report
+    let evicted = || -> f64 {
+        f.pods
+            .iter()
+            .map(|p| {
+                test_harness::cluster::pod_metric(
+                    &f.http,
+                    &p.addr,
+                    "prefix_router:cache_blocks_evicted_total",
+                )
+                .unwrap()
+            })
+            .sum()
+    };
+    let total = evicted();
+    assert!(total >= 1.0);
+    assert!(
+        f.wait(Duration::from_secs(10), || f
+            .stat(&f.envoy, "prefix_router_events_blocks_removed")
+            >= total),
+        "the filter never learned of the evictions"
+    );
+    let again = f.send("/v1/completions", &a, &[]);
+    assert_eq!(again.cached(), 0, "A's block was evicted");
+    assert_eq!(
+        again.reason(),
+        "cold",
+        "the filter must know A is gone, not send it as a hit"
+    );
+}
+
+#[test]
+fn burst_of_identical_prompts_is_spread() {
+    let f = fleet(
+        "burst",
+        &[
+            "--max-num-seqs",
+            "2",
+            "--sim-ttft-base-ms",
+            "1",
+            "--sim-prefill-us-per-token",
+            "50",
+            "--sim-decode-ms-per-token",
+            "5",
+        ],
+    );
+    let body = json!({"prompt": format!("burst: {RUNBOOK}{RUNBOOK}"), "max_tokens": 20});
+    let seed = f.send("/v1/completions", &body, &[]);
+    let owner = seed.pod.clone();
+    let results: Vec<Answer> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..50)
+            .map(|_| s.spawn(|| f.send("/v1/completions", &body, &[])))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut per_pod: BTreeMap<String, usize> = BTreeMap::new();
+    let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
+    for r in &results {
+        assert_eq!(r.status, 200, "{}", r.body);
+        *per_pod.entry(r.pod.clone()).or_default() += 1;
+        *reasons.entry(r.reason().to_owned()).or_default() += 1;
+    }
+    println!(
+        "50 concurrent identical prompts, owner {owner}: per pod {per_pod:?}, reasons {reasons:?}"
+    );
+    assert!(
+        per_pod.len() >= 2,
+        "the imbalance guard should spread a burst: {per_pod:?}"
+    );
+    assert!(per_pod[&owner] < 50);
+    assert!(
+        per_pod[&owner] >= per_pod.values().copied().max().unwrap_or(0) / 2,
+        "affinity still favours the owner"
+    );
+}
+
+#[test]
+fn separate_envoys_agree_and_learn_from_events() {
+    // Envoy A routes round-robin (no affinity); Envoy B (prefix policy) never sees A's
+    // decisions, only the pods' cache events.
+    let f = Fleet::start("two-envoys", 3, &ZERO_COST, |s| {
+        s.poll_interval_ms = POLL_MS
+    })
+    .unwrap();
+    let b = start_envoy(
+        "envoy-b",
+        &f.addrs(),
+        true,
+        |s| s.poll_interval_ms = POLL_MS,
+        &f.dir,
+    )
+    .unwrap();
+    let a_rr = start_envoy(
+        "envoy-a-rr",
+        &f.addrs(),
+        true,
+        |s| {
+            s.poll_interval_ms = POLL_MS;
+            s.policy = "round_robin".into();
+        },
+        &f.dir,
+    )
+    .unwrap();
+
+    // the same cold prompt goes to the same pod through two independent prefix Envoys
+    let cold = prompt("independent replicas");
+    let via_main = f.send("/v1/completions", &cold, &[]);
+    let via_b = f.send_via(&b, "/v1/completions", &prompt("independent replicas"), &[]);
+    assert_eq!(via_main.pod, via_b.pod);
+
+    // a prompt placed by the round-robin Envoy is learned by B from the pod's events
+    let stored_before = f.stat(&b, "prefix_router_events_blocks_stored");
+    let placed = f.send_via(&a_rr, "/v1/completions", &prompt("placed elsewhere"), &[]);
+    assert_eq!(placed.reason(), "round-robin");
+    assert!(
+        f.wait(Duration::from_secs(10), || f
+            .stat(&b, "prefix_router_events_blocks_stored")
+            > stored_before),
+        "envoy B never received the pod's BlockStored events"
+    );
+    let learned = f.send_via(&b, "/v1/completions", &prompt("placed elsewhere"), &[]);
+    assert_eq!(
+        learned.reason(),
+        "prefix-hit",
+        "B must know the block from events"
+    );
+    assert_eq!(learned.pod, placed.pod);
+    assert!(learned.cached() > 0);
+
+    // pod health, in-flight, event lag and decisions are all exported
+    for name in [
+        "prefix_router_pod0_healthy",
+        "prefix_router_pod2_inflight",
+        "prefix_router_pod1_event_lag_ms",
+        "prefix_router_decisions_prefix_hit",
+        "prefix_router_polls_failed",
+    ] {
+        let text = f
+            .http
+            .get(b.admin_url("/stats/prometheus"))
+            .send()
+            .unwrap()
+            .text()
+            .unwrap();
+        assert!(text.contains(name), "{name} missing from Envoy stats");
+    }
+    assert_eq!(f.stat(&b, "prefix_router_pod0_healthy"), 1.0);
+}
