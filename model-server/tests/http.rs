@@ -457,16 +457,20 @@ async fn bad_config_names_the_field() {
 #[tokio::test]
 async fn cache_events_endpoint() {
     let s = start(&["--cache-blocks", "2"]).await;
-    let url = |since: u64| s.url(&format!("/v1/cache/events?since={since}"));
-    let v: Value = s
-        .http
-        .get(url(0))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let events = |since: u64| {
+        let url = s.url(&format!("/v1/cache/events?since={since}"));
+        let http = s.http.clone();
+        async move {
+            http.get(url)
+                .send()
+                .await
+                .unwrap()
+                .json::<Value>()
+                .await
+                .unwrap()
+        }
+    };
+    let v = events(0).await;
     assert_eq!(v["seq"], 0);
     assert_eq!(v["events"].as_array().unwrap().len(), 0);
     let epoch = v["epoch"].as_str().unwrap().to_owned();
@@ -476,15 +480,7 @@ async fn cache_events_endpoint() {
     let (a, _) = prompt_of_2_5_blocks(&s).await;
     s.cached("/v1/completions", &a).await;
     let (_, t, _) = s.post("/tokenize", &a).await;
-    let v: Value = s
-        .http
-        .get(url(0))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = events(0).await;
     assert_eq!(v["events"][0]["type"], "BlockStored");
     assert_eq!(v["events"][0]["hashes"], t["block_hashes"]);
     assert_eq!(v["epoch"], epoch.as_str());
@@ -493,15 +489,7 @@ async fn cache_events_endpoint() {
     // a different prompt evicts both blocks (capacity 2): BlockRemoved then BlockStored
     let b = json!({"prompt": format!("Other: {}", a["prompt"].as_str().unwrap()), "max_tokens": 1});
     s.cached("/v1/completions", &b).await;
-    let v: Value = s
-        .http
-        .get(url(seq))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = events(seq).await;
     let types: Vec<&str> = v["events"]
         .as_array()
         .unwrap()
@@ -511,15 +499,7 @@ async fn cache_events_endpoint() {
     assert!(types.contains(&"BlockRemoved"), "{v}");
     assert!(!v["reset"].as_bool().unwrap());
     // asking from a future seq (another epoch) resyncs with a snapshot
-    let v: Value = s
-        .http
-        .get(url(1_000_000))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = events(1_000_000).await;
     assert!(v["reset"].as_bool().unwrap());
     assert_eq!(v["snapshot"].as_array().unwrap().len(), 2);
     s.shutdown().await;

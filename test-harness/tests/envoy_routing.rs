@@ -1,112 +1,24 @@
 //! The filter in a real Envoy (`--concurrency 2`) in front of three real model-server
 //! processes, all on 127.0.0.1.
 
-use reqwest::blocking::{Client, Response};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
-use test_harness::cluster::{client, pod_metric, run_dir, start_envoy, start_pods, Envoy, Pod};
-
-const HITS: &str = "vllm:prefix_cache_hits_total";
-
-struct Fleet {
-    pods: Vec<Pod>,
-    envoy: Envoy,
-    http: Client,
-    _dir: PathBuf,
-}
+use test_harness::fleet::{Answer, Fleet, ZERO_COST};
 
 fn fleet(name: &str) -> Fleet {
-    let dir = run_dir(name);
-    let pods = start_pods(
-        3,
-        &[
-            "--sim-ttft-base-ms",
-            "0",
-            "--sim-prefill-us-per-token",
-            "0",
-            "--sim-decode-ms-per-token",
-            "0",
-        ],
-        &dir,
-    )
-    .expect("pods start");
-    let addrs: Vec<String> = pods.iter().map(|p| p.addr.clone()).collect();
-    let envoy = start_envoy(
-        "envoy",
-        &addrs,
-        true,
-        |s| s.max_body_bytes = 256 * 1024,
-        &dir,
-    )
-    .expect("envoy starts");
-    Fleet {
-        pods,
-        envoy,
-        http: client(),
-        _dir: dir,
-    }
-}
-
-struct Answer {
-    status: u16,
-    pod: String,
-    headers: reqwest::header::HeaderMap,
-    body: Value,
-}
-
-impl Fleet {
-    fn send(&self, path: &str, body: &Value, extra: &[(&str, &str)]) -> Answer {
-        let mut req = self.http.post(self.envoy.url(path)).json(body);
-        for (k, v) in extra {
-            req = req.header(*k, *v);
-        }
-        answer(req.send().expect("request through envoy"))
-    }
-
-    fn hits(&self) -> Vec<f64> {
-        self.pods
-            .iter()
-            .map(|p| pod_metric(&self.http, &p.addr, HITS).unwrap())
-            .collect()
-    }
-
-    fn pod_index(&self, name: &str) -> usize {
-        self.pods
-            .iter()
-            .position(|p| p.name == name)
-            .unwrap_or_else(|| panic!("unknown pod {name}"))
-    }
-}
-
-fn answer(r: Response) -> Answer {
-    let status = r.status().as_u16();
-    let headers = r.headers().clone();
-    let pod = headers
-        .get("x-inference-pod")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_owned();
-    let body = r.json::<Value>().unwrap_or(Value::Null);
-    Answer {
-        status,
-        pod,
-        headers,
-        body,
-    }
+    Fleet::start(name, 3, &ZERO_COST, |s| s.max_body_bytes = 256 * 1024).expect("fleet starts")
 }
 
 fn header<'a>(a: &'a Answer, name: &str) -> &'a str {
-    a.headers
-        .get(name)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
+    a.header(name)
 }
 
 fn cached(a: &Answer) -> u64 {
-    a.body["usage"]["prompt_tokens_details"]["cached_tokens"]
-        .as_u64()
-        .unwrap_or_else(|| panic!("no usage in {}", a.body))
+    a.cached()
+}
+
+fn answer(r: reqwest::blocking::Response) -> Answer {
+    Answer::read(r)
 }
 
 const RUNBOOK: &str = "You are the on-call assistant for the payments platform. Before answering, read the \
@@ -392,7 +304,7 @@ fn bad_input_gets_4xx_json_and_envoy_keeps_serving() {
 fn bad_plugin_configuration_fails_envoy_load_naming_the_field() {
     use test_harness::envoy_config::{render, EnvoySettings};
     use test_harness::paths;
-    let dir = run_dir("badcfg");
+    let dir = test_harness::cluster::run_dir("badcfg");
     std::fs::create_dir_all(&dir).unwrap();
     let s = EnvoySettings::new(
         test_harness::process::free_port().unwrap(),

@@ -5,6 +5,7 @@ pub mod overhead;
 pub mod wrk;
 
 use crate::cluster::{run_dir, start_pods};
+use crate::fleet::ZERO_COST;
 use serde::Serialize;
 use std::path::Path;
 
@@ -24,17 +25,10 @@ pub fn server(text: &str, seconds: u32, connections: u32) -> anyhow::Result<wrk:
     let pods = start_pods(
         1,
         &[
-            "--sim-ttft-base-ms",
-            "0",
-            "--sim-prefill-us-per-token",
-            "0",
-            "--sim-decode-ms-per-token",
-            "0",
-            "--max-num-seqs",
-            "64",
-            "--default-max-tokens",
-            "1",
-        ],
+            &ZERO_COST[..],
+            &["--max-num-seqs", "64", "--default-max-tokens", "1"],
+        ]
+        .concat(),
         &dir,
     )?;
     let url = format!("http://{}/v1/completions", pods[0].addr);

@@ -2,6 +2,7 @@
 
 use super::wrk::{self, LoadResult};
 use crate::cluster::{run_dir, start_envoy, start_pods};
+use crate::fleet::ZERO_COST;
 use serde::Serialize;
 use std::path::Path;
 
@@ -54,19 +55,17 @@ pub fn run(
     let pods = start_pods(
         1,
         &[
-            "--sim-ttft-base-ms",
-            "0",
-            "--sim-prefill-us-per-token",
-            "0",
-            "--sim-decode-ms-per-token",
-            "0",
-            "--max-model-len",
-            "32768",
-            "--max-num-seqs",
-            "64",
-            "--default-max-tokens",
-            "1",
-        ],
+            &ZERO_COST[..],
+            &[
+                "--max-model-len",
+                "32768",
+                "--max-num-seqs",
+                "64",
+                "--default-max-tokens",
+                "1",
+            ],
+        ]
+        .concat(),
         &dir,
     )?;
     let addrs = vec![pods[0].addr.clone()];
