@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# Benchmarks (printed and written to bench-results/<timestamp>/; never asserted in tests).
-#   scripts/bench.sh [cache|filter|all] [--seconds N] [--connections N]
-# Release builds; load goes to 127.0.0.1 only and every run is bounded in time.
+# Benchmarks: printed and written to bench-results/<timestamp>/ (results.json, results.csv,
+# traces, plots); never asserted in tests. Release builds; load goes to 127.0.0.1 only and
+# every run is bounded in count and time.
+#   scripts/bench.sh --quick          policies side by side, ≤ 2 minutes
+#   scripts/bench.sh                  policies, full (≤ 10 minutes; includes filter overhead)
+#   scripts/bench.sh cache|filter     the cache / tokenizer / server and filter-overhead benchmarks
+#   scripts/bench.sh --help           every option (pods, rate, requests, workloads, seed, …)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh >/dev/null

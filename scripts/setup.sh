@@ -29,6 +29,7 @@ command -v prometheus >/dev/null || need_apt+=(prometheus)
 command -v jq >/dev/null || need_apt+=(jq)
 command -v curl >/dev/null || need_apt+=(curl)
 command -v wrk >/dev/null || need_apt+=(wrk)
+[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need_apt+=(fonts-dejavu-core)
 if ((${#need_apt[@]})); then
   say "installing Debian packages: ${need_apt[*]}"
   export DEBIAN_FRONTEND=noninteractive

@@ -1,7 +1,13 @@
 //! Benchmarks: numbers printed and written to files, never asserted in tests.
 
 pub mod micro;
+pub mod oracle;
 pub mod overhead;
+pub mod plots;
+pub mod policies;
+pub mod replay;
+pub mod report;
+pub mod trace;
 pub mod wrk;
 
 use crate::cluster::{run_dir, start_pods};

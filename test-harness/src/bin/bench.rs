@@ -1,28 +1,58 @@
-//! `bench`: prefix-router's benchmarks (run via `scripts/bench.sh`). Prints a table and writes
-//! JSON under `--out`. Goals are reported as ratios, never asserted.
+//! `bench`: prefix-router's benchmarks (run via `scripts/bench.sh`). Prints tables and writes
+//! JSON/CSV/plots under `--out`. Goals are reported as ratios, never asserted.
+//!
+//! - `policies` (default): prefix routing vs round_robin / random / least_loaded on four
+//!   seeded workloads, through Envoy with the filter, N sim pods; `--quick` ≤ 2 minutes.
+//! - `cache`: cache cost per block, tokenizer throughput, server requests/s.
+//! - `filter`: filter overhead, Envoy with vs without it.
 
 use clap::{Parser, ValueEnum};
 use std::path::PathBuf;
-use test_harness::bench::{micro, overhead, server, write_json};
+use test_harness::bench::policies::{run_all, SimCosts, POLICIES};
+use test_harness::bench::trace::{TraceParams, Workload};
+use test_harness::bench::{micro, overhead, plots, report, server, write_json};
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Which {
+    /// prefix routing against the other policies (workloads × policies)
+    Policies,
     /// cache lookup+insert per block, tokenizer throughput, server requests/s
     Cache,
     /// filter overhead: Envoy with vs without the filter, 128 / 2k / 8k-token prompts
     Filter,
+    /// everything
     All,
 }
 
 #[derive(Parser)]
 #[command(about)]
 struct Args {
-    #[arg(value_enum, default_value_t = Which::All)]
+    #[arg(value_enum, default_value_t = Which::Policies)]
     which: Which,
-    /// Seconds of load per measurement.
+    /// A short run (≤ 2 minutes on 2 cores).
+    #[arg(long)]
+    quick: bool,
+    /// Sim pods behind Envoy.
+    #[arg(long, default_value_t = 8)]
+    pods: usize,
+    /// Requests per workload × policy run (default 24 quick, 150 full).
+    #[arg(long)]
+    requests: Option<usize>,
+    /// Offered load, requests per second (Poisson arrivals).
+    #[arg(long, default_value_t = 8.0)]
+    rate: f64,
+    /// Tenants / conversations.
+    #[arg(long, default_value_t = 4)]
+    tenants: u32,
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Only these workloads (default: all four).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    workloads: Vec<Workload>,
+    /// Seconds of load per wrk measurement (cache/filter benchmarks).
     #[arg(long, default_value_t = 10)]
     seconds: u32,
-    /// Concurrent connections of the load generator.
+    /// Concurrent connections of wrk.
     #[arg(long, default_value_t = 8)]
     connections: u32,
     /// Blocks cached in the cache benchmark.
@@ -37,8 +67,54 @@ fn main() -> anyhow::Result<()> {
     let a = Args::parse();
     std::fs::create_dir_all(&a.out)?;
     let bundle = micro::default_bundle()?;
-    let text_2k = micro::text_of(&bundle, 2048)?;
+    let mut summary = serde_json::Map::new();
+    summary.insert(
+        "machine".into(),
+        serde_json::json!({
+            "cores": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+            "note": "everything (load generator, Envoy, pods) shares this machine's cores",
+        }),
+    );
+
+    if matches!(a.which, Which::Policies | Which::All) {
+        let costs = SimCosts {
+            ttft_base_ms: 5.0,
+            prefill_us_per_token: 100.0,
+            decode_ms_per_token: 4.0,
+            max_num_seqs: 4,
+        };
+        let params = TraceParams {
+            seed: a.seed,
+            requests: a.requests.unwrap_or(if a.quick { 24 } else { 150 }),
+            rate: a.rate,
+            tenants: a.tenants,
+            // ≈ 1.2 tokens per word: 2k–6k-token shared contexts
+            context_words: (1700, 5000),
+            max_tokens: 16,
+        };
+        let workloads = if a.workloads.is_empty() {
+            Workload::ALL.to_vec()
+        } else {
+            a.workloads.clone()
+        };
+        println!("== policies: {} sim pods, sim costs {costs:?}", a.pods);
+        println!(
+            "   trace: {params:?}; workloads {:?}; policies {POLICIES:?}",
+            workloads.iter().map(|w| w.name()).collect::<Vec<_>>()
+        );
+        let runs = run_all(
+            &bundle, &workloads, &POLICIES, &params, a.pods, &costs, &a.out,
+        )?;
+        print!("{}", report::table(&runs));
+        let goals = report::goals(&runs);
+        print!("{goals}");
+        report::write_csv(&runs, &a.out.join("results.csv"))?;
+        let files = plots::write_all(&runs, &a.out)?;
+        println!("   plots: {}", files.join(", "));
+        summary.insert("policies".into(), serde_json::json!({"sim_costs": costs, "trace": params, "pods": a.pods, "runs": runs, "goals": goals}));
+    }
     if matches!(a.which, Which::Cache | Which::All) {
+        let text_2k = micro::text_of(&bundle, 2048)?;
         println!("== block prefix cache ({} blocks cached)", a.cache_blocks);
         let c = micro::cache(a.cache_blocks, 20_000);
         println!(
@@ -50,11 +126,9 @@ fn main() -> anyhow::Result<()> {
                 "MISSED"
             }
         );
-        write_json(&a.out, "cache", &c)?;
         println!("== tokenizer (native, SmolLM2 vocabulary)");
         let t = micro::tokenizer(&bundle, &text_2k, 50)?;
         println!("   {:.0} tokens/s encoding a {}-token prompt; parse+tokenize+hash {:.0} µs per request", t.tokens_per_sec, t.prompt_tokens, t.prepare_us);
-        write_json(&a.out, "tokenizer", &t)?;
         println!(
             "== model server, sim engine at zero cost, 2k-token prompts, {} connections, {} s",
             a.connections, a.seconds
@@ -64,16 +138,24 @@ fn main() -> anyhow::Result<()> {
             "   {:.0} requests/s, p50 {:.2} ms, p99 {:.2} ms, errors {}",
             s.requests_per_sec, s.p50_ms, s.p99_ms, s.errors
         );
-        write_json(&a.out, "server", &s)?;
+        summary.insert(
+            "cache".into(),
+            serde_json::json!({"cache": c, "tokenizer": t, "server": s}),
+        );
     }
-    if matches!(a.which, Which::Filter | Which::All) {
-        println!("== filter overhead: Envoy (--concurrency 2) with vs without the filter, one zero-cost pod, unique prompts");
+    if matches!(a.which, Which::Filter | Which::All) || (a.which == Which::Policies && !a.quick) {
+        let seconds = if a.which == Which::Policies {
+            3
+        } else {
+            a.seconds
+        };
+        println!("== filter overhead: Envoy (--concurrency 2) with vs without the filter, one zero-cost pod, unique prompts, {seconds} s each");
         let texts = vec![
             (128, micro::text_of(&bundle, 128)?),
-            (2048, text_2k.clone()),
+            (2048, micro::text_of(&bundle, 2048)?),
             (8000, micro::text_of(&bundle, 8000)?),
         ];
-        let (rows, vm) = overhead::run(&texts, a.seconds, a.connections, &a.out)?;
+        let (rows, vm) = overhead::run(&texts, seconds, a.connections, &a.out)?;
         println!("   tokens  rps(no filter)  rps(filter)  ratio  p50 no/with (ms)   p99 no/with (ms)   added p50");
         for r in &rows {
             println!(
@@ -93,9 +175,12 @@ fn main() -> anyhow::Result<()> {
             "   filter VMs: {} (start times {:?} ms); Envoy RSS {:.0} MB with vs {:.0} MB without → {:.1} MB per VM",
             vm.vm_start_ms.len(), vm.vm_start_ms, vm.envoy_rss_with_filter_mb, vm.envoy_rss_without_filter_mb, vm.mb_per_vm
         );
-        write_json(&a.out, "filter-overhead", &rows)?;
-        write_json(&a.out, "filter-vm", &vm)?;
+        summary.insert(
+            "filter_overhead".into(),
+            serde_json::json!({"rows": rows, "vm": vm}),
+        );
     }
+    write_json(&a.out, "results", &summary)?;
     println!("results written to {}", a.out.display());
     Ok(())
 }

@@ -1,0 +1,168 @@
+//! Open-loop replay of a trace through Envoy with streaming requests: each request is sent at
+//! its scheduled time whatever the earlier ones are doing, and its time to first token is the
+//! arrival of the first SSE chunk that carries text.
+
+use super::trace::TraceRequest;
+use futures::StreamExt;
+use serde::Serialize;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Outcome {
+    pub at_ms: f64,
+    pub status: u16,
+    pub ttft_ms: Option<f64>,
+    pub e2e_ms: f64,
+    pub output_tokens: u64,
+    pub pod: String,
+    pub error: Option<String>,
+}
+
+impl Outcome {
+    pub fn ok(&self) -> bool {
+        self.status == 200 && self.error.is_none()
+    }
+}
+
+fn chunk_text(v: &serde_json::Value) -> Option<&str> {
+    let c = &v["choices"][0];
+    c["text"]
+        .as_str()
+        .or_else(|| c["delta"]["content"].as_str())
+}
+
+async fn one(
+    http: reqwest::Client,
+    url: String,
+    r: TraceRequest,
+    start: Instant,
+    timeout: Duration,
+) -> Outcome {
+    let due = start + Duration::from_secs_f64(r.at_ms / 1000.0);
+    tokio::time::sleep_until(due.into()).await;
+    let sent = Instant::now();
+    let mut out = Outcome {
+        at_ms: r.at_ms,
+        status: 0,
+        ttft_ms: None,
+        e2e_ms: 0.0,
+        output_tokens: 0,
+        pod: String::new(),
+        error: None,
+    };
+    let work = async {
+        let resp = http
+            .post(&url)
+            .json(&r.body)
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        out.status = resp.status().as_u16();
+        out.pod = resp
+            .headers()
+            .get("x-inference-pod")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        let mut stream = resp.bytes_stream();
+        let mut buf = String::new();
+        let mut counted = 0u64;
+        while let Some(chunk) = stream.next().await {
+            buf.push_str(&String::from_utf8_lossy(&chunk.map_err(|e| e.to_string())?));
+            while let Some(end) = buf.find("\n\n") {
+                let event: String = buf.drain(..end + 2).collect();
+                let Some(data) = event.trim().strip_prefix("data: ") else {
+                    continue;
+                };
+                if data == "[DONE]" {
+                    continue;
+                }
+                let v: serde_json::Value = serde_json::from_str(data).map_err(|e| e.to_string())?;
+                if v.get("error").is_some() {
+                    return Err(format!("stream error: {data}"));
+                }
+                if chunk_text(&v).is_some_and(|t| !t.is_empty()) {
+                    if out.ttft_ms.is_none() {
+                        out.ttft_ms = Some(sent.elapsed().as_secs_f64() * 1000.0);
+                    }
+                    counted += 1;
+                }
+                if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
+                    counted = n;
+                }
+            }
+        }
+        out.output_tokens = counted;
+        Ok::<(), String>(())
+    };
+    match tokio::time::timeout(timeout, work).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => out.error = Some(e),
+        Err(_) => out.error = Some(format!("timed out after {timeout:?}")),
+    }
+    out.e2e_ms = sent.elapsed().as_secs_f64() * 1000.0;
+    out
+}
+
+/// Replays `trace` against `base` (e.g. `http://127.0.0.1:10000`); `tick` is called as each
+/// request finishes.
+pub fn replay(
+    base: &str,
+    trace: &[TraceRequest],
+    per_request_timeout: Duration,
+    tick: impl Fn() + Send + Sync,
+) -> anyhow::Result<Vec<Outcome>> {
+    if !base.starts_with("http://127.0.0.1:") {
+        anyhow::bail!("load is only ever sent to 127.0.0.1");
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(64)
+        .build()?;
+    rt.block_on(async {
+        let start = Instant::now();
+        let mut tasks = futures::stream::FuturesOrdered::new();
+        for r in trace {
+            let url = format!("{base}{}", r.path);
+            tasks.push_back(tokio::spawn(one(
+                http.clone(),
+                url,
+                r.clone(),
+                start,
+                per_request_timeout,
+            )));
+        }
+        let mut outcomes = Vec::with_capacity(trace.len());
+        while let Some(res) = tasks.next().await {
+            outcomes.push(res?);
+            tick();
+        }
+        Ok(outcomes)
+    })
+}
+
+/// The `q` quantile (0–1) of `values` (nearest rank); NaN when empty.
+pub fn quantile(values: &[f64], q: f64) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    let mut v = values.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let idx = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
+    v[idx]
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn quantiles() {
+        let v: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(super::quantile(&v, 0.5), 50.0);
+        assert_eq!(super::quantile(&v, 0.99), 99.0);
+        assert_eq!(super::quantile(&v, 1.0), 100.0);
+        assert!(super::quantile(&[], 0.5).is_nan());
+    }
+}

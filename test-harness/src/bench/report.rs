@@ -1,0 +1,87 @@
+//! The policy comparison as a table, JSON and CSV, plus the goals as ratios.
+
+use super::policies::PolicyRun;
+use std::fmt::Write as _;
+use std::path::Path;
+
+fn find<'a>(runs: &'a [PolicyRun], w: &str, p: &str) -> Option<&'a PolicyRun> {
+    runs.iter().find(|r| r.workload == w && r.policy == p)
+}
+
+pub fn table(runs: &[PolicyRun]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "{:<14} {:<13} {:>5} {:>4} {:>9} {:>9} {:>9} {:>9} {:>7} {:>8} {:>6} {:>6} {:>6} {:>6} {:>8}",
+        "workload", "policy", "reqs", "err", "ttft p50", "ttft p90", "ttft p99", "e2e p90", "req/s", "out tok/s", "hit", "oracle", "vs or.", "spread", "cpu/1k"
+    );
+    for r in runs {
+        let _ = writeln!(
+            s,
+            "{:<14} {:<13} {:>5} {:>4} {:>7.0}ms {:>7.0}ms {:>7.0}ms {:>7.0}ms {:>7.2} {:>9.1} {:>6.3} {:>6.3} {:>6.2} {:>6.2} {:>7.2}s",
+            r.workload, r.policy, r.requests, r.errors, r.ttft_p50_ms, r.ttft_p90_ms, r.ttft_p99_ms, r.e2e_p90_ms, r.requests_per_s,
+            r.output_tokens_per_s, r.hit_rate, r.oracle.hit_rate, r.hit_rate_vs_oracle, r.spread, r.envoy_cpu_s_per_1k
+        );
+    }
+    s
+}
+
+/// The goals, as measured ratios (reported, never asserted).
+pub fn goals(runs: &[PolicyRun]) -> String {
+    let mut s = String::new();
+    let mark = |ok: bool| if ok { "met" } else { "MISSED" };
+    if let (Some(p), Some(rr)) = (
+        find(runs, "shared-prefix", "prefix"),
+        find(runs, "shared-prefix", "round_robin"),
+    ) {
+        let _ = writeln!(
+            s,
+            "shared-prefix: hit rate {:.2}× oracle (goal ≥ 0.95: {})",
+            p.hit_rate_vs_oracle,
+            mark(p.hit_rate_vs_oracle >= 0.95)
+        );
+        let r = p.ttft_p90_ms / rr.ttft_p90_ms;
+        let _ = writeln!(
+            s,
+            "shared-prefix: TTFT p90 {:.2}× round-robin's (goal ≤ 0.20: {})",
+            r,
+            mark(r <= 0.2)
+        );
+        let t = p.requests_per_s / rr.requests_per_s;
+        let _ = writeln!(s, "shared-prefix: throughput {:.2}× round-robin's (goal ≥ 1.8: {}; open-loop at a fixed rate, so both track the offered load unless round-robin saturates)", t, mark(t >= 1.8));
+    }
+    if let (Some(p), Some(rr)) = (
+        find(runs, "all-unique", "prefix"),
+        find(runs, "all-unique", "round_robin"),
+    ) {
+        let r = p.ttft_p90_ms / rr.ttft_p90_ms;
+        let _ = writeln!(
+            s,
+            "all-unique: TTFT p90 {:.2}× round-robin's (goal within 5%: {})",
+            r,
+            mark(r <= 1.05)
+        );
+    }
+    if let (Some(p), Some(ll)) = (
+        find(runs, "hot-tenant", "prefix"),
+        find(runs, "hot-tenant", "least_loaded"),
+    ) {
+        let r = p.ttft_p90_ms / ll.ttft_p90_ms;
+        let _ = writeln!(s, "hot-tenant: TTFT p90 {:.2}× least-loaded's (goal ≤ 1.2: {}), hit rate {:.2}× oracle (goal ≥ 0.8: {})", r, mark(r <= 1.2), p.hit_rate_vs_oracle, mark(p.hit_rate_vs_oracle >= 0.8));
+    }
+    s
+}
+
+pub fn write_csv(runs: &[PolicyRun], path: &Path) -> anyhow::Result<()> {
+    let mut s = String::from("workload,policy,requests,ok,errors,ttft_p50_ms,ttft_p90_ms,ttft_p99_ms,e2e_p50_ms,e2e_p90_ms,e2e_p99_ms,duration_s,requests_per_s,output_tokens_per_s,prompt_tokens,hit_tokens,hit_rate,oracle_hit_rate,hit_rate_vs_oracle,spread,envoy_cpu_s_per_1k\n");
+    for r in runs {
+        let _ = writeln!(
+            s,
+            "{},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{},{},{:.5},{:.5},{:.4},{:.3},{:.4}",
+            r.workload, r.policy, r.requests, r.ok, r.errors, r.ttft_p50_ms, r.ttft_p90_ms, r.ttft_p99_ms, r.e2e_p50_ms, r.e2e_p90_ms, r.e2e_p99_ms,
+            r.duration_s, r.requests_per_s, r.output_tokens_per_s, r.prompt_tokens, r.hit_tokens, r.hit_rate, r.oracle.hit_rate, r.hit_rate_vs_oracle, r.spread, r.envoy_cpu_s_per_1k
+        );
+    }
+    std::fs::write(path, s)?;
+    Ok(())
+}

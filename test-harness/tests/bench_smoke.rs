@@ -1,0 +1,92 @@
+//! A tiny run of the policy benchmark: output files exist and the numbers are internally
+//! consistent (not that any policy wins).
+
+use test_harness::bench::micro::default_bundle;
+use test_harness::bench::policies::{run_all, SimCosts};
+use test_harness::bench::trace::{TraceParams, Workload};
+use test_harness::bench::{plots, report};
+
+#[test]
+fn policy_bench_smoke() {
+    let out = test_harness::cluster::run_dir("bench-smoke-out");
+    std::fs::create_dir_all(&out).unwrap();
+    let bundle = default_bundle().unwrap();
+    let params = TraceParams {
+        seed: 1,
+        requests: 8,
+        rate: 20.0,
+        tenants: 2,
+        context_words: (150, 300),
+        max_tokens: 4,
+    };
+    let costs = SimCosts {
+        ttft_base_ms: 1.0,
+        prefill_us_per_token: 20.0,
+        decode_ms_per_token: 1.0,
+        max_num_seqs: 4,
+    };
+    let workloads = [Workload::SharedPrefix, Workload::MultiTurn];
+    let runs = run_all(
+        &bundle,
+        &workloads,
+        &["prefix", "round_robin"],
+        &params,
+        2,
+        &costs,
+        &out,
+    )
+    .unwrap();
+    assert_eq!(runs.len(), 4);
+    for r in &runs {
+        let what = format!("{} / {}", r.workload, r.policy);
+        assert_eq!(
+            r.requests, params.requests,
+            "{what}: every request accounted for"
+        );
+        assert_eq!(r.ok + r.errors, r.requests, "{what}");
+        assert_eq!(r.errors, 0, "{what}");
+        assert_eq!(
+            r.per_pod.iter().sum::<f64>(),
+            r.ok as f64,
+            "{what}: pods served every request"
+        );
+        assert!(r.hit_tokens <= r.prompt_tokens, "{what}: hits ≤ queries");
+        assert_eq!(
+            r.prompt_tokens, r.oracle.prompt_tokens as f64,
+            "{what}: pods and oracle tokenize alike"
+        );
+        assert!(
+            r.hit_tokens <= r.oracle.reusable_tokens as f64,
+            "{what}: the oracle bounds what any policy reuses"
+        );
+        assert!(
+            r.ttft_p50_ms <= r.ttft_p90_ms && r.ttft_p90_ms <= r.ttft_p99_ms,
+            "{what}"
+        );
+        assert!(r.ttft_p99_ms <= r.e2e_p99_ms, "{what}");
+        assert!(
+            r.requests_per_s > 0.0 && r.output_tokens_per_s > 0.0,
+            "{what}"
+        );
+    }
+    report::write_csv(&runs, &out.join("results.csv")).unwrap();
+    let files = plots::write_all(&runs, &out).unwrap();
+    for f in files.iter().chain(
+        [
+            "results.csv".to_owned(),
+            "trace-shared-prefix.jsonl".to_owned(),
+            "ttft-cdf-multi-turn.svg".to_owned(),
+        ]
+        .iter(),
+    ) {
+        let p = out.join(f);
+        assert!(
+            p.is_file() && std::fs::metadata(&p).unwrap().len() > 100,
+            "{} missing or empty",
+            p.display()
+        );
+    }
+    let csv = std::fs::read_to_string(out.join("results.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 1 + runs.len());
+    assert!(report::table(&runs).contains("round_robin"));
+}
