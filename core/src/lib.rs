@@ -16,6 +16,7 @@
 
 pub mod block;
 pub mod error;
+pub mod fast_bpe;
 pub mod gguf;
 pub mod model;
 pub mod policy;

@@ -77,7 +77,35 @@ impl ModelBundle {
         tokenizer_config_json: Option<&[u8]>,
         block_size: BlockSize,
     ) -> Result<Self, BundleError> {
-        let tokenizer = Tokenizer::from_json_bytes(tokenizer_json)?;
+        Self::build(
+            name,
+            Tokenizer::from_json_bytes(tokenizer_json)?,
+            tokenizer_config_json,
+            block_size,
+        )
+    }
+
+    /// A bundle for routing, which never decodes: see [`Tokenizer::for_encoding`].
+    pub fn for_routing(
+        name: &str,
+        tokenizer_json: &[u8],
+        tokenizer_config_json: Option<&[u8]>,
+        block_size: BlockSize,
+    ) -> Result<Self, BundleError> {
+        Self::build(
+            name,
+            Tokenizer::for_encoding(tokenizer_json)?,
+            tokenizer_config_json,
+            block_size,
+        )
+    }
+
+    fn build(
+        name: &str,
+        tokenizer: Tokenizer,
+        tokenizer_config_json: Option<&[u8]>,
+        block_size: BlockSize,
+    ) -> Result<Self, BundleError> {
         let config: TokenizerConfig = match tokenizer_config_json {
             Some(b) => serde_json::from_slice(b).map_err(|e| BundleError::Config(e.to_string()))?,
             None => TokenizerConfig::default(),

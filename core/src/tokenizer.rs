@@ -5,9 +5,12 @@
 
 use std::fmt;
 
-/// A loaded tokenizer.
+/// A loaded tokenizer: the `tokenizers` crate, plus the fast byte-level BPE encoder when the
+/// vocabulary's shape allows it (same ids, several times faster, see [`crate::fast_bpe`]).
 pub struct Tokenizer {
-    inner: tokenizers::Tokenizer,
+    /// `None` only when loaded for encoding alone and the fast path covers it.
+    inner: Option<tokenizers::Tokenizer>,
+    fast: Option<crate::fast_bpe::FastBpe>,
 }
 
 /// The tokenizer could not be loaded or could not process input.
@@ -31,13 +34,51 @@ impl Tokenizer {
         tokenizers::utils::parallelism::set_parallelism(false);
         let inner =
             tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| TokenizerError(e.to_string()))?;
-        Ok(Tokenizer { inner })
+        let fast = crate::fast_bpe::FastBpe::from_json(bytes);
+        Ok(Tokenizer {
+            inner: Some(inner),
+            fast,
+        })
+    }
+
+    /// For routers, which only encode: the fast encoder alone when the vocabulary allows it
+    /// (a fraction of the start time and memory), else the full tokenizer.
+    pub fn for_encoding(bytes: &[u8]) -> Result<Self, TokenizerError> {
+        match crate::fast_bpe::FastBpe::from_json(bytes) {
+            Some(fast) => Ok(Tokenizer {
+                inner: None,
+                fast: Some(fast),
+            }),
+            None => Self::from_json_bytes(bytes),
+        }
+    }
+
+    fn inner(&self) -> Result<&tokenizers::Tokenizer, TokenizerError> {
+        self.inner
+            .as_ref()
+            .ok_or_else(|| TokenizerError("loaded for encoding only".into()))
+    }
+
+    /// Whether encoding uses the fast byte-level BPE path.
+    pub fn is_fast(&self) -> bool {
+        self.fast.is_some()
+    }
+
+    /// Token ids from the `tokenizers` crate itself (the reference the fast path must match).
+    pub fn encode_reference(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        self.inner()?
+            .encode_fast(text, false)
+            .map(|enc| enc.get_ids().to_vec())
+            .map_err(|e| TokenizerError(e.to_string()))
     }
 
     /// Token ids of `text`. Special tokens written in the text (e.g. `<|im_start|>`) map to
     /// their ids; nothing is prepended or appended.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
-        self.inner
+        if let Some(fast) = &self.fast {
+            return Ok(fast.encode(text));
+        }
+        self.inner()?
             .encode_fast(text, false)
             .map(|enc| enc.get_ids().to_vec())
             .map_err(|e| TokenizerError(e.to_string()))
@@ -45,18 +86,22 @@ impl Tokenizer {
 
     /// Text of `ids`, special tokens included.
     pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
-        self.inner
+        self.inner()?
             .decode(ids, false)
             .map_err(|e| TokenizerError(e.to_string()))
     }
 
     /// The id of a token, special or not.
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
-        self.inner.token_to_id(token)
+        self.inner.as_ref()?.token_to_id(token)
     }
 
     /// Vocabulary size including added tokens.
     pub fn vocab_size(&self) -> usize {
-        self.inner.get_vocab_size(true)
+        match (&self.inner, &self.fast) {
+            (Some(t), _) => t.get_vocab_size(true),
+            (None, Some(f)) => f.vocab_size(),
+            (None, None) => 0,
+        }
     }
 }

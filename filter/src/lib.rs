@@ -50,7 +50,7 @@ pub const PREFIX_HASH_DEBUG_HEADER: &str = "x-prefix-router-prefix-hash";
 pub fn embedded_bundle(config: &RouterConfig) -> Option<ModelBundle> {
     let block = BlockSize::new(config.block_size)?;
     let cfg = (!TOKENIZER_CONFIG_JSON.is_empty()).then_some(TOKENIZER_CONFIG_JSON);
-    match ModelBundle::new(&config.model_name, TOKENIZER_JSON, cfg, block) {
+    match ModelBundle::for_routing(&config.model_name, TOKENIZER_JSON, cfg, block) {
         Ok(b) => Some(b),
         Err(e) => {
             log::error!("prefix-router: embedded tokenizer unusable, failing open: {e}");

@@ -1,0 +1,296 @@
+//! A fast encoder for byte-level BPE vocabularies (GPT-2 family, SmolLM, Llama-3 style
+//! `tokenizer.json`), producing exactly the ids the `tokenizers` crate produces.
+//!
+//! Why: inside Envoy's wasm VM the `tokenizers` crate spends most of its time in fancy-regex
+//! (the GPT-2 split pattern has a look-ahead, which forces the backtracking engine) and in
+//! per-call bookkeeping. Here the split runs on the `regex` crate's automata, the single
+//! look-ahead alternative (`\s+(?!\S)`) is applied by hand, and each split word's BPE result
+//! is cached. Only the tokenizer shapes checked in [`FastBpe::from_json`] are handled; anything
+//! else returns `None` and the caller keeps using the `tokenizers` crate. Equivalence is tested
+//! against the `tokenizers` crate on the real vocabulary (`core/tests/fast_bpe_equivalence.rs`).
+
+use regex::Regex;
+use serde_json::Value;
+use std::collections::HashMap;
+use std::sync::Mutex;
+use xxhash_rust::xxh3::Xxh3DefaultBuilder;
+
+/// Maps on the hot path hash with XXH3 (std's SipHash is several times slower in wasm).
+type FastMap<K, V> = HashMap<K, V, Xxh3DefaultBuilder>;
+
+/// The GPT-2 split pattern without its look-ahead alternative `\s+(?!\S)`.
+const SPLIT: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+";
+
+/// Most distinct words kept in the BPE cache before it is cleared (bounded memory).
+const CACHE_LIMIT: usize = 100_000;
+
+pub struct FastBpe {
+    split: Regex,
+    /// split digits one by one first (the `Digits{individual_digits}` pre-tokenizer)
+    digits: bool,
+    /// byte → id of its byte-level character
+    byte_ids: [u32; 256],
+    /// (left id, right id) → (rank, merged id)
+    merges: FastMap<(u32, u32), (u32, u32)>,
+    /// ids are below this
+    vocab_size: usize,
+    /// added tokens, longest first (matched leftmost, then longest)
+    added: Vec<(String, u32)>,
+    cache: Mutex<FastMap<String, Vec<u32>>>,
+}
+
+/// GPT-2's reversible byte → printable character mapping.
+pub fn byte_to_char() -> [char; 256] {
+    let mut out = ['\0'; 256];
+    let mut n = 0u32;
+    for b in 0..=255u8 {
+        let printable =
+            (b'!'..=b'~').contains(&b) || (0xA1..=0xAC).contains(&b) || (0xAE..=0xFF).contains(&b);
+        out[b as usize] = if printable {
+            char::from(b)
+        } else {
+            n += 1;
+            char::from_u32(255 + n).unwrap_or('\0')
+        };
+    }
+    out
+}
+
+fn is(v: &Value, key: &str, want: &Value) -> bool {
+    v.get(key).unwrap_or(&Value::Null) == want
+}
+
+impl FastBpe {
+    /// Builds the fast encoder for a `tokenizer.json`, or `None` if its shape is not one this
+    /// encoder reproduces exactly.
+    pub fn from_json(json: &[u8]) -> Option<FastBpe> {
+        let t: Value = serde_json::from_slice(json).ok()?;
+        let f = Value::Bool(false);
+        let tr = Value::Bool(true);
+        let null = Value::Null;
+        if !t["normalizer"].is_null() {
+            return None;
+        }
+        let byte_level_ok = |p: &Value| {
+            is(p, "type", &Value::from("ByteLevel"))
+                && is(p, "add_prefix_space", &f)
+                && p.get("use_regex").unwrap_or(&tr) == &tr
+        };
+        let pre = &t["pre_tokenizer"];
+        let digits = match pre["type"].as_str()? {
+            "ByteLevel" if byte_level_ok(pre) => false,
+            "Sequence" => match pre["pretokenizers"].as_array()?.as_slice() {
+                [d, b]
+                    if is(d, "type", &Value::from("Digits"))
+                        && is(d, "individual_digits", &tr)
+                        && byte_level_ok(b) =>
+                {
+                    true
+                }
+                _ => return None,
+            },
+            _ => return None,
+        };
+        let m = &t["model"];
+        if !is(m, "type", &Value::from("BPE"))
+            || !(is(m, "dropout", &null))
+            || !(m.get("byte_fallback").unwrap_or(&f) == &f)
+            || !(m.get("ignore_merges").unwrap_or(&f) == &f)
+            || !m["continuing_subword_prefix"].is_null()
+            || !m["end_of_word_suffix"].is_null()
+        {
+            return None;
+        }
+        let vocab: HashMap<&str, u32> = m["vocab"]
+            .as_object()?
+            .iter()
+            .map(|(k, v)| Some((k.as_str(), u32::try_from(v.as_u64()?).ok()?)))
+            .collect::<Option<_>>()?;
+        let chars = byte_to_char();
+        let mut byte_ids = [0u32; 256];
+        for (b, c) in chars.iter().enumerate() {
+            // Bytes that never occur in UTF-8 (0xC0, 0xC1, 0xF5..) may be missing from the
+            // vocabulary; a Rust `str` can never contain them.
+            byte_ids[b] = vocab
+                .get(c.to_string().as_str())
+                .copied()
+                .unwrap_or(u32::MAX);
+        }
+        let mut merges = FastMap::default();
+        for (rank, mv) in m["merges"].as_array()?.iter().enumerate() {
+            let (a, b) = match mv {
+                Value::String(s) => s.split_once(' ')?,
+                Value::Array(p) => (p.first()?.as_str()?, p.get(1)?.as_str()?),
+                _ => return None,
+            };
+            let merged = format!("{a}{b}");
+            let ids = (*vocab.get(a)?, *vocab.get(b)?);
+            merges
+                .entry(ids)
+                .or_insert((u32::try_from(rank).ok()?, *vocab.get(merged.as_str())?));
+        }
+        let mut added = Vec::new();
+        for a in t["added_tokens"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
+        {
+            if a["single_word"] == tr
+                || a["lstrip"] == tr
+                || a["rstrip"] == tr
+                || a["normalized"] == tr
+            {
+                return None;
+            }
+            added.push((
+                a["content"].as_str()?.to_owned(),
+                u32::try_from(a["id"].as_u64()?).ok()?,
+            ));
+        }
+        added.sort_by_key(|(s, _)| std::cmp::Reverse(s.len()));
+        let vocab_size = vocab
+            .values()
+            .chain(added.iter().map(|(_, id)| id))
+            .map(|&id| id as usize + 1)
+            .max()
+            .unwrap_or(0);
+        Some(FastBpe {
+            vocab_size,
+            split: Regex::new(SPLIT).ok()?,
+            digits,
+            byte_ids,
+            merges,
+            added,
+            cache: Mutex::new(FastMap::default()),
+        })
+    }
+
+    /// One past the largest token id.
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// Token ids of `text` (no special tokens added).
+    pub fn encode(&self, text: &str) -> Vec<u32> {
+        let mut out = Vec::with_capacity(text.len() / 3);
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if cache.len() > CACHE_LIMIT {
+            cache.clear();
+        }
+        let mut rest = text;
+        while !rest.is_empty() {
+            // the leftmost added token, the longest one where several start there
+            let found = self
+                .added
+                .iter()
+                .filter_map(|(s, id)| rest.find(s.as_str()).map(|pos| (pos, s.len(), *id)))
+                .min_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+            match found {
+                Some((pos, len, id)) => {
+                    self.encode_segment(&rest[..pos], &mut cache, &mut out);
+                    out.push(id);
+                    rest = &rest[pos + len..];
+                }
+                None => {
+                    self.encode_segment(rest, &mut cache, &mut out);
+                    break;
+                }
+            }
+        }
+        out
+    }
+
+    fn encode_segment(&self, seg: &str, cache: &mut FastMap<String, Vec<u32>>, out: &mut Vec<u32>) {
+        if seg.is_empty() {
+            return;
+        }
+        if !self.digits {
+            return self.encode_piece(seg, cache, out);
+        }
+        // every numeric character is a piece of its own
+        let mut start = 0;
+        for (i, c) in seg.char_indices() {
+            if c.is_numeric() {
+                self.encode_piece(&seg[start..i], cache, out);
+                self.encode_piece(&seg[i..i + c.len_utf8()], cache, out);
+                start = i + c.len_utf8();
+            }
+        }
+        self.encode_piece(&seg[start..], cache, out);
+    }
+
+    /// The GPT-2 split of one pre-tokenized piece, then BPE on each word.
+    fn encode_piece(&self, piece: &str, cache: &mut FastMap<String, Vec<u32>>, out: &mut Vec<u32>) {
+        let mut pos = 0;
+        while pos < piece.len() {
+            let Some(m) = self.split.find_at(piece, pos) else {
+                break;
+            };
+            let mut end = m.end();
+            let word = &piece[pos..end];
+            // `\s+(?!\S)`: a whitespace run followed by a non-space leaves its last character
+            // to the next match
+            if end < piece.len() && word.chars().all(char::is_whitespace) {
+                let last = word.chars().next_back().map(char::len_utf8).unwrap_or(0);
+                if word.len() > last {
+                    end -= last;
+                }
+            }
+            let word = &piece[pos..end];
+            match cache.get(word) {
+                Some(ids) => out.extend_from_slice(ids),
+                None => {
+                    let ids = self.bpe(word);
+                    out.extend_from_slice(&ids);
+                    cache.insert(word.to_owned(), ids);
+                }
+            }
+            pos = end;
+        }
+    }
+
+    /// Byte-level BPE of one word: merge the lowest-ranked adjacent pair (leftmost on ties)
+    /// until none applies.
+    fn bpe(&self, word: &str) -> Vec<u32> {
+        let mut ids: Vec<u32> = word.bytes().map(|b| self.byte_ids[b as usize]).collect();
+        loop {
+            let best = ids
+                .windows(2)
+                .enumerate()
+                .filter_map(|(i, w)| {
+                    self.merges
+                        .get(&(w[0], w[1]))
+                        .map(|&(rank, new)| (rank, i, new))
+                })
+                .min();
+            let Some((_, i, new)) = best else { break };
+            ids[i] = new;
+            ids.remove(i + 1);
+        }
+        ids
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_map_is_gpt2() {
+        let m = byte_to_char();
+        assert_eq!(m[b' ' as usize], 'Ġ');
+        assert_eq!(m[b'\n' as usize], 'Ċ');
+        assert_eq!(m[b'a' as usize], 'a');
+        let distinct: std::collections::HashSet<char> = m.iter().copied().collect();
+        assert_eq!(distinct.len(), 256);
+    }
+
+    #[test]
+    fn unsupported_shapes_are_refused() {
+        assert!(FastBpe::from_json(
+            br#"{"normalizer":{"type":"NFC"},"pre_tokenizer":null,"model":{}}"#
+        )
+        .is_none());
+        assert!(FastBpe::from_json(b"not json").is_none());
+    }
+}

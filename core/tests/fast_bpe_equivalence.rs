@@ -1,0 +1,146 @@
+//! The fast byte-level BPE encoder gives exactly the `tokenizers` crate's ids on the real
+//! SmolLM2 vocabulary: realistic texts and tens of thousands of random strings built to hit
+//! every branch of the GPT-2 split pattern (contractions, whitespace runs before words and at
+//! the end, digits, non-ASCII letters and numbers, combining marks, emoji, special tokens).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use prefix_core::tokenizer::Tokenizer;
+use std::path::PathBuf;
+
+fn tokenizer() -> Tokenizer {
+    let dir = std::env::var_os("PREFIX_ROUTER_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../data")))
+        .join("models/SmolLM2-135M-Instruct");
+    let json = std::fs::read(dir.join("tokenizer.json"))
+        .unwrap_or_else(|e| panic!("{}: {e} — run scripts/setup.sh", dir.display()));
+    Tokenizer::from_json_bytes(&json).unwrap()
+}
+
+fn check(t: &Tokenizer, text: &str) {
+    let fast = t.encode(text).unwrap();
+    let reference = t.encode_reference(text).unwrap();
+    assert_eq!(fast, reference, "mismatch for {text:?}");
+}
+
+#[test]
+fn fast_path_is_used_for_the_default_model() {
+    assert!(tokenizer().is_fast());
+}
+
+#[test]
+fn realistic_texts_match() {
+    let t = tokenizer();
+    for text in [
+        "",
+        "Hello, world!",
+        "You are the on-call assistant for the payments platform. Don't restart stateful services; we'll check it's fine.",
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+        "fn main() {\n    let x = vec![1, 2, 3];\n\tprintln!(\"{x:?}\");   \n}\n\n\n",
+        "Prices: $1,234.56 — 12% off!! (was €99)   ",
+        "Ünïcödé: naïve café, straße, Москва, 東京都, 서울, العربية, हिन्दी, ½ ² ³ ٣",
+        "emoji 🚀🔥 and ZWJ 👩‍💻 and flags 🇫🇷",
+        "trailing spaces   ",
+        "   leading spaces",
+        "tabs\t\tand\r\nwindows line ends\r\n",
+        "  \n  \n\n word",
+        "I'M SHOUTING 'S 'T 're 've 'm 'll 'd and it's he'll they've",
+        "non-breaking\u{a0}space and thin\u{2009}space and ideographic\u{3000}space",
+        "<|endoftext|><|endoftext|>glued<|im_end|>",
+    ] {
+        check(&t, text);
+    }
+}
+
+#[test]
+fn random_strings_match() {
+    let t = tokenizer();
+    let alphabet: Vec<&str> = vec![
+        "a",
+        "b",
+        "Z",
+        "q",
+        " ",
+        " ",
+        " ",
+        "  ",
+        "\n",
+        "\n\n",
+        "\t",
+        "\r",
+        "0",
+        "7",
+        "42",
+        "'",
+        "'s",
+        "'t",
+        "'re",
+        "'ll",
+        "'D",
+        "'ve",
+        "'m",
+        ".",
+        ",",
+        "!",
+        "?",
+        "-",
+        "_",
+        "(",
+        ")",
+        "{",
+        "}",
+        "\"",
+        "é",
+        "ß",
+        "ж",
+        "東",
+        "京",
+        "ह",
+        "ि",
+        "\u{301}",
+        "½",
+        "²",
+        "٣",
+        "🚀",
+        "👩\u{200d}💻",
+        "\u{a0}",
+        "\u{2009}",
+        "\u{3000}",
+        "\u{200b}",
+        "<|im_start|>",
+        "<|im_end|>",
+        "<|",
+        "|>",
+        "word",
+        " word",
+        "the",
+    ];
+    let mut state = 0x1234_5678_9abc_def0u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for _ in 0..30_000 {
+        let len = (next() % 24) as usize;
+        let text: String = (0..len)
+            .map(|_| alphabet[(next() % alphabet.len() as u64) as usize])
+            .collect();
+        check(&t, &text);
+    }
+}
+
+#[test]
+fn routing_bundle_encodes_identically() {
+    let routing = Tokenizer::for_encoding(&tokenizer_json()).unwrap();
+    let full = tokenizer();
+    let text = "<|im_start|>user\nDon't restart 42 pods — check logs first.<|im_end|>\n";
+    assert_eq!(
+        routing.encode(text).unwrap(),
+        full.encode_reference(text).unwrap()
+    );
+    assert_eq!(routing.vocab_size(), full.vocab_size());
+    assert!(routing.decode(&[1]).is_err(), "encode-only");
+}
