@@ -8,14 +8,17 @@
 use prefix_core::tokenizer::Tokenizer;
 use std::path::PathBuf;
 
-fn tokenizer() -> Tokenizer {
+fn tokenizer_json() -> Vec<u8> {
     let dir = std::env::var_os("PREFIX_ROUTER_DATA")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../data")))
         .join("models/SmolLM2-135M-Instruct");
-    let json = std::fs::read(dir.join("tokenizer.json"))
-        .unwrap_or_else(|e| panic!("{}: {e} — run scripts/setup.sh", dir.display()));
-    Tokenizer::from_json_bytes(&json).unwrap()
+    std::fs::read(dir.join("tokenizer.json"))
+        .unwrap_or_else(|e| panic!("{}: {e} — run scripts/setup.sh", dir.display()))
+}
+
+fn tokenizer() -> Tokenizer {
+    Tokenizer::from_json_bytes(&tokenizer_json()).unwrap()
 }
 
 fn check(t: &Tokenizer, text: &str) {
