@@ -1,7 +1,7 @@
 //! HTTP endpoints: OpenAI completions and chat (plain and SSE streaming), models, health,
 //! metrics and `/tokenize`. Every response, errors included, carries `x-inference-pod`.
 
-use crate::engine::{EngineError, FinishReason, GenerateRequest};
+use crate::engine::{Emitted, EngineError, FinishReason, GenerateRequest};
 use crate::state::AppState;
 use axum::body::Bytes;
 use axum::extract::{Request, State};
@@ -274,7 +274,12 @@ async fn inference(
     let running = RunningGuard(metrics.running.clone());
 
     let block_size = s.bundle.block_size().get() as usize;
-    let mut lease = s.cache.acquire(&prompt.hashes, n_prompt, block_size);
+    let mut lease = if s.engine.needs_kv() {
+        s.cache
+            .acquire_with_payloads(&prompt.hashes, n_prompt, block_size)
+    } else {
+        s.cache.acquire(&prompt.hashes, n_prompt, block_size)
+    };
     let cached = lease.hit_blocks() * block_size;
     metrics.prefix_cache_queries.inc_by(n_prompt as u64);
     metrics.prefix_cache_hits.inc_by(cached as u64);
@@ -288,6 +293,8 @@ async fn inference(
         top_p: r.top_p,
         seed: r.seed,
         stop: r.stop.clone(),
+        cached_kv: lease.hit_payloads().to_vec(),
+        block_size,
     };
     let hashes = prompt.hashes;
     let (out_tx, out_rx) = mpsc::channel::<Chunk>(64);
@@ -295,23 +302,40 @@ async fn inference(
     tokio::spawn(async move {
         let _slot = slot;
         let _running = running;
-        let (tok_tx, mut tok_rx) = mpsc::channel::<String>(64);
+        let (tok_tx, mut tok_rx) = mpsc::channel::<Emitted>(64);
         let engine_fut = state.engine.generate(gen, tok_tx);
         let forward = async {
             let mut completion = 0usize;
-            while let Some(piece) = tok_rx.recv().await {
-                if completion == 0 {
-                    // Prefill is done once the first token exists: its blocks are now computed.
-                    let out = lease.store(&hashes);
-                    state.metrics.blocks_stored.inc_by(out.stored as u64);
-                    state.metrics.blocks_evicted.inc_by(out.evicted as u64);
-                    state.metrics.kv_cache_usage.set(state.cache.usage());
+            let mut payloads = Vec::new();
+            let mut stored = false;
+            // Prefill is done once the first token (or the engine's block payloads and then
+            // the end) exists: the prompt's blocks are now computed and can be cached.
+            let mut store = |payloads: Vec<crate::cache::Payload>| {
+                let out = lease.store_with(&hashes, payloads);
+                state.metrics.blocks_stored.inc_by(out.stored as u64);
+                state.metrics.blocks_evicted.inc_by(out.evicted as u64);
+                state.metrics.kv_cache_usage.set(state.cache.usage());
+            };
+            while let Some(emitted) = tok_rx.recv().await {
+                let piece = match emitted {
+                    Emitted::Blocks(p) => {
+                        payloads = p;
+                        continue;
+                    }
+                    Emitted::Token(t) => t,
+                };
+                if !stored {
+                    stored = true;
+                    store(std::mem::take(&mut payloads));
                     state.metrics.ttft.observe(started.elapsed().as_secs_f64());
                 }
                 completion += 1;
                 if out_tx.send(Chunk::Text(piece)).await.is_err() {
                     break; // client gone; dropping tok_rx stops the engine
                 }
+            }
+            if !stored && !payloads.is_empty() {
+                store(payloads); // ended before any token (e.g. end-of-sequence first)
             }
             drop(tok_rx);
             completion

@@ -12,8 +12,12 @@
 use crate::events::{CacheEvent, EventLog, EventsPage};
 use lru::LruCache;
 use prefix_core::BlockHash;
+use std::any::Any;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+
+/// What an engine keeps per block beyond its hash (the real engine: that block's K/V tensors).
+pub type Payload = Arc<dyn Any + Send + Sync>;
 
 /// What changed in the cache, for metrics and (later) cache events.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -30,6 +34,8 @@ struct Inner {
     free: LruCache<BlockHash, ()>,
     /// what changed, in order (under the same lock, so events match the maps exactly)
     events: EventLog,
+    /// engine data of held blocks (absent for engines that keep none)
+    payloads: HashMap<BlockHash, Payload>,
 }
 
 /// A fixed-capacity, LRU, pin-aware block prefix cache. Cheap to share (`Arc`).
@@ -46,6 +52,8 @@ pub struct Lease {
     cache: Arc<BlockPrefixCache>,
     pinned: Vec<BlockHash>,
     hit_blocks: usize,
+    /// payloads of the hit blocks, in order (only when asked for)
+    hit_payloads: Vec<Payload>,
 }
 
 impl BlockPrefixCache {
@@ -62,6 +70,7 @@ impl BlockPrefixCache {
                 pins: HashMap::new(),
                 free: LruCache::unbounded(),
                 events: EventLog::new(epoch, 4096),
+                payloads: HashMap::new(),
             }),
         })
     }
@@ -121,10 +130,34 @@ impl BlockPrefixCache {
         prompt_tokens: usize,
         block_size: usize,
     ) -> Lease {
+        self.acquire_impl(hashes, prompt_tokens, block_size, false)
+    }
+
+    /// Like [`BlockPrefixCache::acquire`], for engines that need each hit block's payload: a
+    /// block without one ends the chain.
+    pub fn acquire_with_payloads(
+        self: &Arc<Self>,
+        hashes: &[BlockHash],
+        prompt_tokens: usize,
+        block_size: usize,
+    ) -> Lease {
+        self.acquire_impl(hashes, prompt_tokens, block_size, true)
+    }
+
+    fn acquire_impl(
+        self: &Arc<Self>,
+        hashes: &[BlockHash],
+        prompt_tokens: usize,
+        block_size: usize,
+        need_payload: bool,
+    ) -> Lease {
         let mut g = self.lock();
         let mut hits = hashes
             .iter()
-            .take_while(|h| g.pins.contains_key(h) || g.free.contains(h))
+            .take_while(|h| {
+                (g.pins.contains_key(h) || g.free.contains(h))
+                    && (!need_payload || g.payloads.contains_key(h))
+            })
             .count();
         if hits > 0 && hits * block_size >= prompt_tokens {
             hits -= 1;
@@ -133,11 +166,20 @@ impl BlockPrefixCache {
         for h in &pinned {
             pin(&mut g, *h);
         }
+        let hit_payloads = if need_payload {
+            pinned
+                .iter()
+                .filter_map(|h| g.payloads.get(h).cloned())
+                .collect()
+        } else {
+            Vec::new()
+        };
         drop(g);
         Lease {
             cache: Arc::clone(self),
             pinned,
             hit_blocks: hits,
+            hit_payloads,
         }
     }
 }
@@ -156,10 +198,22 @@ impl Lease {
         self.hit_blocks
     }
 
+    /// The hit blocks' payloads (from [`BlockPrefixCache::acquire_with_payloads`]).
+    pub fn hit_payloads(&self) -> &[Payload] {
+        &self.hit_payloads
+    }
+
     /// After prefill: stores the prompt's full blocks (the same `hashes` given to
     /// [`BlockPrefixCache::acquire`]) beyond the hits, evicting unpinned LRU blocks for room.
     /// When everything left is pinned, the rest is not stored.
     pub fn store(&mut self, hashes: &[BlockHash]) -> StoreOutcome {
+        self.store_with(hashes, Vec::new())
+    }
+
+    /// [`Lease::store`] with each new block's payload: `payloads[i]` belongs to
+    /// `hashes[hit_blocks + i]` (missing entries store the hash alone).
+    pub fn store_with(&mut self, hashes: &[BlockHash], payloads: Vec<Payload>) -> StoreOutcome {
+        let mut payloads = payloads.into_iter();
         let cache = Arc::clone(&self.cache);
         let mut g = cache.lock();
         let mut out = StoreOutcome::default();
@@ -169,20 +223,29 @@ impl Lease {
         let mut stored = Vec::new();
         let mut evicted = Vec::new();
         for &h in hashes.iter().skip(self.hit_blocks) {
+            let payload = payloads.next();
             if g.pins.contains_key(&h) || g.free.contains(&h) {
-                // computed concurrently by another request: share it
+                // computed concurrently by another request: share it (and its payload, or
+                // give it ours if it has none)
                 pin(&mut g, h);
                 self.pinned.push(h);
+                if let Some(p) = payload {
+                    g.payloads.entry(h).or_insert(p);
+                }
                 continue;
             }
             if g.pins.len() + g.free.len() >= cache.capacity {
                 let Some((old, ())) = g.free.pop_lru() else {
                     break;
                 };
+                g.payloads.remove(&old);
                 evicted.push(old);
                 out.evicted += 1;
             }
             g.pins.insert(h, 1);
+            if let Some(p) = payload {
+                g.payloads.insert(h, p);
+            }
             self.pinned.push(h);
             stored.push(h);
             out.stored += 1;
@@ -309,6 +372,41 @@ mod tests {
         let mut snap = c.events_since(u64::MAX - 1).snapshot.unwrap();
         snap.sort();
         assert_eq!(snap, vec![BlockHash(1), BlockHash(5)]);
+    }
+
+    #[test]
+    fn payloads_follow_their_blocks() {
+        let c = BlockPrefixCache::new(2);
+        let p = |n: u32| -> Payload { Arc::new(n) };
+        let mut l = c.acquire_with_payloads(&hs(0..2), 1000, 128);
+        assert_eq!(l.hit_blocks(), 0);
+        l.store_with(&hs(0..2), vec![p(10), p(11)]);
+        drop(l);
+        let l = c.acquire_with_payloads(&hs(0..2), 1000, 128);
+        assert_eq!(l.hit_blocks(), 2);
+        let got: Vec<u32> = l
+            .hit_payloads()
+            .iter()
+            .map(|x| *x.downcast_ref::<u32>().unwrap())
+            .collect();
+        assert_eq!(got, vec![10, 11]);
+        drop(l);
+        // a hash stored without a payload ends the chain for payload users
+        c.acquire(&hs(7..8), 1000, 128).store(&hs(7..8)); // evicts block 0
+        assert_eq!(
+            c.acquire_with_payloads(&hs(0..2), 1000, 128).hit_blocks(),
+            0
+        );
+        assert_eq!(
+            c.acquire_with_payloads(&hs(7..8), 1000, 128).hit_blocks(),
+            0
+        );
+        assert_eq!(c.acquire(&hs(7..8), 1000, 128).hit_blocks(), 1);
+        let g = c.lock();
+        assert!(
+            !g.payloads.contains_key(&BlockHash(0)),
+            "evicted blocks drop their payload"
+        );
     }
 
     #[test]

@@ -19,10 +19,17 @@ pub fn default_model_dir() -> PathBuf {
     data_dir().join("models").join(DEFAULT_MODEL_NAME)
 }
 
+/// The default model file that `scripts/setup.sh` installs.
+pub fn default_model_file() -> PathBuf {
+    default_model_dir().join("SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum EngineKind {
     /// Simulated latency model; no real inference.
     Sim,
+    /// SmolLM2 (any Llama-architecture GGUF) on CPU with candle; the cache holds real K/V.
+    Candle,
 }
 
 /// An OpenAI-compatible model server with a block prefix cache.
@@ -38,9 +45,10 @@ pub struct Config {
     /// Prefix-cache block size in tokens (must equal the router's).
     #[arg(long, default_value_t = 128)]
     pub block_size: u32,
-    /// Prefix-cache capacity in blocks (0 disables the cache).
-    #[arg(long, default_value_t = 4096)]
-    pub cache_blocks: usize,
+    /// Prefix-cache capacity in blocks (0 disables the cache). Default: 4096 for `sim`, 256
+    /// for `candle`, where each block holds its K/V (≈ 5.6 MiB per block for SmolLM2-135M).
+    #[arg(long)]
+    pub cache_blocks: Option<usize>,
     /// Requests computed concurrently; the rest wait.
     #[arg(long, default_value_t = 8)]
     pub max_num_seqs: usize,
@@ -62,7 +70,7 @@ pub struct Config {
     /// Name the model is served under (requests naming another model get 404).
     #[arg(long, default_value = DEFAULT_MODEL_NAME)]
     pub served_model_name: String,
-    /// Model file (GGUF); used by real engines.
+    /// Model file (GGUF) for `--engine candle` (default: the SmolLM2 GGUF setup installs).
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Tokenizer: a `tokenizer.json`, or a directory holding it (and optionally `tokenizer_config.json` with the chat template).
@@ -124,6 +132,14 @@ impl Config {
             return bad("served-model-name", "must not be empty");
         }
         Ok(())
+    }
+
+    /// The cache capacity in blocks, defaulted per engine.
+    pub fn cache_blocks(&self) -> usize {
+        self.cache_blocks.unwrap_or(match self.engine {
+            EngineKind::Sim => 4096,
+            EngineKind::Candle => 256,
+        })
     }
 
     pub fn pod_name(&self) -> String {

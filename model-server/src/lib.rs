@@ -32,7 +32,7 @@ pub async fn run(
         engine = state.engine.name(),
         model = state.bundle.name(),
         block_size = state.config.block_size,
-        cache_blocks = state.config.cache_blocks,
+        cache_blocks = state.config.cache_blocks(),
         "model server listening"
     );
     axum::serve(listener, api::router(state))

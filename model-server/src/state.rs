@@ -3,6 +3,7 @@
 use crate::admission::Admission;
 use crate::cache::BlockPrefixCache;
 use crate::config::{Config, EngineKind};
+use crate::engine::candle_engine::CandleEngine;
 use crate::engine::sim::{SimCosts, SimEngine};
 use crate::engine::Engine;
 use crate::metrics::Metrics;
@@ -14,7 +15,7 @@ use std::time::Duration;
 pub struct AppState {
     pub config: Config,
     pub pod: String,
-    pub bundle: ModelBundle,
+    pub bundle: Arc<ModelBundle>,
     pub cache: Arc<BlockPrefixCache>,
     pub engine: Arc<dyn Engine>,
     pub admission: Admission,
@@ -54,7 +55,7 @@ fn new_epoch() -> u64 {
 impl AppState {
     pub fn new(config: Config) -> anyhow::Result<Arc<Self>> {
         config.validate()?;
-        let bundle = load_bundle(&config)?;
+        let bundle = Arc::new(load_bundle(&config)?);
         let pod = config.pod_name();
         let engine: Arc<dyn Engine> = match config.engine {
             EngineKind::Sim => Arc::new(SimEngine::new(SimCosts {
@@ -62,15 +63,29 @@ impl AppState {
                 prefill_per_token: Duration::from_secs_f64(config.sim_prefill_us_per_token / 1e6),
                 decode_per_token: Duration::from_secs_f64(config.sim_decode_ms_per_token / 1e3),
             })),
+            EngineKind::Candle => {
+                let path = config
+                    .model
+                    .clone()
+                    .unwrap_or_else(crate::config::default_model_file);
+                Arc::new(
+                    CandleEngine::load(&path, Arc::clone(&bundle)).with_context(|| {
+                        format!(
+                            "loading {} (run scripts/setup.sh, or pass --model)",
+                            path.display()
+                        )
+                    })?,
+                )
+            }
         };
         let metrics = Metrics::new(
             &config.served_model_name,
             &pod,
             config.block_size,
-            config.cache_blocks,
+            config.cache_blocks(),
         )?;
         Ok(Arc::new(AppState {
-            cache: BlockPrefixCache::with_epoch(config.cache_blocks, new_epoch()),
+            cache: BlockPrefixCache::with_epoch(config.cache_blocks(), new_epoch()),
             admission: Admission::new(config.max_num_seqs, config.max_waiting),
             pod,
             bundle,

@@ -11,7 +11,7 @@
 //! routing is meant to buy. Output text is deterministic (derived from the prompt tokens) and
 //! starts with `[simulated]` so nobody mistakes it for a model's answer.
 
-use super::{Engine, EngineError, FinishReason, GenerateRequest};
+use super::{Emitted, Engine, EngineError, FinishReason, GenerateRequest};
 use futures::future::BoxFuture;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -72,7 +72,7 @@ impl Engine for SimEngine {
     fn generate(
         &self,
         req: GenerateRequest,
-        out: mpsc::Sender<String>,
+        out: mpsc::Sender<Emitted>,
     ) -> BoxFuture<'static, Result<FinishReason, EngineError>> {
         let costs = self.costs;
         Box::pin(async move {
@@ -96,7 +96,9 @@ impl Engine for SimEngine {
                     format!(" {}", WORDS[(state % WORDS.len() as u64) as usize])
                 };
                 text.push_str(&piece);
-                out.send(piece).await.map_err(|_| EngineError::Cancelled)?;
+                out.send(Emitted::Token(piece))
+                    .await
+                    .map_err(|_| EngineError::Cancelled)?;
                 if req
                     .stop
                     .iter()
@@ -139,11 +141,15 @@ mod tests {
                 top_p: None,
                 seed: None,
                 stop: vec![],
+                cached_kv: vec![],
+                block_size: 128,
             };
             let reason = e.generate(req, tx).await.unwrap();
             let mut s = String::new();
             while let Some(p) = rx.recv().await {
-                s.push_str(&p);
+                if let Emitted::Token(t) = p {
+                    s.push_str(&t);
+                }
             }
             (reason, s)
         };

@@ -1,0 +1,317 @@
+//! A Llama-architecture forward pass (SmolLM2 is one) over quantized GGUF weights, with the
+//! attention K/V kept *outside* the model so a prefix cache can hold them per token block.
+//!
+//! candle's own quantized Llama keeps one private KV cache per layer and masks a multi-token
+//! step as if it started at position 0, so prefilling after a cached prefix is not possible
+//! with it. Here the caller passes the KV of the cached prefix in; the step attends to
+//! `prefix + new` tokens with a causal mask offset by the prefix length, and hands back the
+//! grown KV, from which full blocks are cut for the cache.
+
+use candle_core::quantized::{gguf_file, QMatMul};
+use candle_core::{DType, Device, IndexOp, Module, Result, Tensor};
+use candle_nn::Embedding;
+
+/// Longest position the rotary tables cover.
+pub const MAX_POSITIONS: usize = 8192;
+
+struct RmsNorm {
+    weight: Tensor,
+    eps: f32,
+}
+
+impl RmsNorm {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        candle_nn::ops::rms_norm(x, &self.weight, self.eps)
+    }
+}
+
+struct Layer {
+    wq: QMatMul,
+    wk: QMatMul,
+    wv: QMatMul,
+    wo: QMatMul,
+    attn_norm: RmsNorm,
+    gate: QMatMul,
+    up: QMatMul,
+    down: QMatMul,
+    ffn_norm: RmsNorm,
+}
+
+/// Per-layer K and V, each `[1, kv_heads, positions, head_dim]`.
+#[derive(Clone, Debug)]
+pub struct Kv {
+    pub k: Vec<Tensor>,
+    pub v: Vec<Tensor>,
+}
+
+impl Kv {
+    /// Number of positions held.
+    pub fn len(&self) -> usize {
+        self.k
+            .first()
+            .and_then(|t| t.dims().get(2).copied())
+            .unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Positions `start..start+len` as their own (contiguous) KV.
+    pub fn slice(&self, start: usize, len: usize) -> Result<Kv> {
+        let cut = |ts: &[Tensor]| -> Result<Vec<Tensor>> {
+            ts.iter()
+                .map(|t| t.narrow(2, start, len)?.contiguous())
+                .collect()
+        };
+        Ok(Kv {
+            k: cut(&self.k)?,
+            v: cut(&self.v)?,
+        })
+    }
+
+    /// Concatenates blocks in order.
+    pub fn concat(blocks: &[&Kv]) -> Result<Option<Kv>> {
+        let Some(first) = blocks.first() else {
+            return Ok(None);
+        };
+        let layers = first.k.len();
+        let mut k = Vec::with_capacity(layers);
+        let mut v = Vec::with_capacity(layers);
+        for l in 0..layers {
+            k.push(Tensor::cat(
+                &blocks.iter().map(|b| &b.k[l]).collect::<Vec<_>>(),
+                2,
+            )?);
+            v.push(Tensor::cat(
+                &blocks.iter().map(|b| &b.v[l]).collect::<Vec<_>>(),
+                2,
+            )?);
+        }
+        Ok(Some(Kv { k, v }))
+    }
+
+    /// Bytes held (f32).
+    pub fn bytes(&self) -> usize {
+        self.k
+            .iter()
+            .chain(&self.v)
+            .map(|t| t.elem_count() * 4)
+            .sum()
+    }
+}
+
+pub struct Llama {
+    embed: Embedding,
+    layers: Vec<Layer>,
+    norm: RmsNorm,
+    output: QMatMul,
+    cos: Tensor,
+    sin: Tensor,
+    n_head: usize,
+    n_kv_head: usize,
+    head_dim: usize,
+    pub vocab: usize,
+    device: Device,
+}
+
+impl Llama {
+    /// Loads the weights of a GGUF file (architecture `llama`).
+    pub fn load(path: &std::path::Path) -> anyhow::Result<Llama> {
+        let device = Device::Cpu;
+        let mut file =
+            std::fs::File::open(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let ct = gguf_file::Content::read(&mut file)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        let md = |k: &str| {
+            ct.metadata
+                .get(k)
+                .ok_or_else(|| anyhow::anyhow!("GGUF metadata {k} missing"))
+        };
+        let arch = md("general.architecture")?.to_string()?.clone();
+        if arch != "llama" {
+            anyhow::bail!("unsupported architecture '{arch}' (the candle engine runs Llama-architecture GGUF models)");
+        }
+        let n_head = md("llama.attention.head_count")?.to_u32()? as usize;
+        let n_kv_head = md("llama.attention.head_count_kv")?.to_u32()? as usize;
+        let n_layer = md("llama.block_count")?.to_u32()? as usize;
+        let hidden = md("llama.embedding_length")?.to_u32()? as usize;
+        let eps = md("llama.attention.layer_norm_rms_epsilon")?.to_f32()?;
+        let rope_base = md("llama.rope.freq_base")
+            .and_then(|v| Ok(v.to_f32()?))
+            .unwrap_or(10_000.0);
+        let head_dim = hidden / n_head;
+        let rope_dim = md("llama.rope.dimension_count")
+            .and_then(|v| Ok(v.to_u32()? as usize))
+            .unwrap_or(head_dim);
+
+        let mut tensor = |name: &str| {
+            ct.tensor(&mut file, name, &device)
+                .map_err(|e| anyhow::anyhow!("tensor {name}: {e}"))
+        };
+        let embed_q = tensor("token_embd.weight")?;
+        let embed = embed_q.dequantize(&device)?;
+        let vocab = embed.dim(0)?;
+        let norm = RmsNorm {
+            weight: tensor("output_norm.weight")?.dequantize(&device)?,
+            eps,
+        };
+        let output = match tensor("output.weight") {
+            Ok(t) => QMatMul::from_qtensor(t)?,
+            Err(_) => QMatMul::from_qtensor(embed_q)?, // tied embeddings
+        };
+        let mut layers = Vec::with_capacity(n_layer);
+        for i in 0..n_layer {
+            let mut q = |n: &str| -> anyhow::Result<QMatMul> {
+                Ok(QMatMul::from_qtensor(tensor(&format!(
+                    "blk.{i}.{n}.weight"
+                ))?)?)
+            };
+            let (wq, wk, wv, wo) = (q("attn_q")?, q("attn_k")?, q("attn_v")?, q("attn_output")?);
+            let (gate, up, down) = (q("ffn_gate")?, q("ffn_up")?, q("ffn_down")?);
+            let attn_norm = RmsNorm {
+                weight: tensor(&format!("blk.{i}.attn_norm.weight"))?.dequantize(&device)?,
+                eps,
+            };
+            let ffn_norm = RmsNorm {
+                weight: tensor(&format!("blk.{i}.ffn_norm.weight"))?.dequantize(&device)?,
+                eps,
+            };
+            layers.push(Layer {
+                wq,
+                wk,
+                wv,
+                wo,
+                attn_norm,
+                gate,
+                up,
+                down,
+                ffn_norm,
+            });
+        }
+        let theta: Vec<f32> = (0..rope_dim)
+            .step_by(2)
+            .map(|i| 1.0 / rope_base.powf(i as f32 / rope_dim as f32))
+            .collect();
+        let n_theta = theta.len();
+        let theta = Tensor::from_vec(theta, (1, n_theta), &device)?;
+        let positions = Tensor::arange(0u32, MAX_POSITIONS as u32, &device)?
+            .to_dtype(DType::F32)?
+            .reshape((MAX_POSITIONS, 1))?;
+        let angles = positions.matmul(&theta)?;
+        Ok(Llama {
+            embed: Embedding::new(embed, hidden),
+            layers,
+            norm,
+            output,
+            cos: angles.cos()?,
+            sin: angles.sin()?,
+            n_head,
+            n_kv_head,
+            head_dim,
+            vocab,
+            device,
+        })
+    }
+
+    /// An empty KV.
+    pub fn empty_kv(&self) -> Result<Kv> {
+        let empty = Tensor::zeros(
+            (1, self.n_kv_head, 0, self.head_dim),
+            DType::F32,
+            &self.device,
+        )?;
+        Ok(Kv {
+            k: vec![empty.clone(); self.layers.len()],
+            v: vec![empty; self.layers.len()],
+        })
+    }
+
+    /// Runs `tokens` after the `kv.len()` positions already in `kv`, appends their K/V to it,
+    /// and returns the logits of the last position (`[vocab]`, f32).
+    pub fn forward(&self, tokens: &[u32], kv: &mut Kv) -> Result<Tensor> {
+        let start = kv.len();
+        let n = tokens.len();
+        if n == 0 || start + n > MAX_POSITIONS {
+            candle_core::bail!("{n} tokens after {start} do not fit in {MAX_POSITIONS} positions");
+        }
+        let ids = Tensor::new(tokens, &self.device)?.unsqueeze(0)?;
+        let mut x = self.embed.forward(&ids)?;
+        let cos = self.cos.narrow(0, start, n)?;
+        let sin = self.sin.narrow(0, start, n)?;
+        // causal mask over [start+n] keys for n queries: key j is hidden from query i when j > start + i
+        let mask = if n > 1 {
+            let m: Vec<f32> = (0..n)
+                .flat_map(|i| {
+                    (0..start + n).map(move |j| {
+                        if j > start + i {
+                            f32::NEG_INFINITY
+                        } else {
+                            0.0
+                        }
+                    })
+                })
+                .collect();
+            Some(Tensor::from_vec(m, (n, start + n), &self.device)?)
+        } else {
+            None
+        };
+        let rep = self.n_head / self.n_kv_head;
+        for (l, layer) in self.layers.iter().enumerate() {
+            let h = layer.attn_norm.forward(&x)?;
+            let q = layer
+                .wq
+                .forward(&h)?
+                .reshape((1, n, self.n_head, self.head_dim))?
+                .transpose(1, 2)?;
+            let k = layer
+                .wk
+                .forward(&h)?
+                .reshape((1, n, self.n_kv_head, self.head_dim))?
+                .transpose(1, 2)?;
+            let v = layer
+                .wv
+                .forward(&h)?
+                .reshape((1, n, self.n_kv_head, self.head_dim))?
+                .transpose(1, 2)?
+                .contiguous()?;
+            let q = candle_nn::rotary_emb::rope_i(&q.contiguous()?, &cos, &sin)?;
+            let k = candle_nn::rotary_emb::rope_i(&k.contiguous()?, &cos, &sin)?;
+            let k = Tensor::cat(&[&kv.k[l], &k], 2)?;
+            let v = Tensor::cat(&[&kv.v[l], &v], 2)?;
+            kv.k[l] = k.clone();
+            kv.v[l] = v.clone();
+            let (k, v) = if rep > 1 {
+                let (b, hk, s, d) = k.dims4()?;
+                (
+                    Tensor::cat(&vec![&k; rep], 2)?.reshape((b, hk * rep, s, d))?,
+                    Tensor::cat(&vec![&v; rep], 2)?.reshape((b, hk * rep, s, d))?,
+                )
+            } else {
+                (k, v)
+            };
+            let mut att = (q.matmul(&k.t()?)? / (self.head_dim as f64).sqrt())?;
+            if let Some(m) = &mask {
+                att = att.broadcast_add(m)?;
+            }
+            let att = candle_nn::ops::softmax_last_dim(&att)?;
+            let y = att.matmul(&v.contiguous()?)?.transpose(1, 2)?.reshape((
+                1,
+                n,
+                self.n_head * self.head_dim,
+            ))?;
+            x = (layer.wo.forward(&y)? + &x)?;
+            let h = layer.ffn_norm.forward(&x)?;
+            let ff = layer.down.forward(
+                &(candle_nn::ops::silu(&layer.gate.forward(&h)?)? * layer.up.forward(&h)?)?,
+            )?;
+            x = (ff + &x)?;
+        }
+        let x = self.norm.forward(&x)?;
+        let last = x.i((0, n - 1))?;
+        self.output
+            .forward(&last.unsqueeze(0)?)?
+            .squeeze(0)?
+            .to_dtype(DType::F32)
+    }
+}
