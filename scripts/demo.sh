@@ -8,7 +8,9 @@
 #   scripts/demo.sh all        both
 #
 # Ports are free ones unless set: POD_PORTS="8001 8002 8003" ENVOY_PORT=10000 ADMIN_PORT=9901
-# PROM_PORT=9090. Exits non-zero if what it shows is not what it claims.
+# PROM_PORT=9090. The pods run the real SmolLM2-135M on CPU (ENGINE=candle, the default; each
+# send takes a few seconds on 2 cores) or the latency simulator (ENGINE=sim, instant).
+# Exits non-zero if what it shows is not what it claims.
 set -euo pipefail
 MODE=${1:-seed}
 case "$MODE" in seed|different|all) ;; *) echo "usage: $0 [seed|different|all]" >&2; exit 2 ;; esac
@@ -42,6 +44,8 @@ ENVOY_PORT=${ENVOY_PORT:-$(free_port)}
 ADMIN_PORT=${ADMIN_PORT:-$(free_port)}
 PROM_PORT=${PROM_PORT:-$(free_port)}
 MODEL=SmolLM2-135M-Instruct
+ENGINE=${ENGINE:-candle}
+case "$ENGINE" in sim|candle) ;; *) echo "ENGINE must be sim or candle" >&2; exit 2 ;; esac
 echo "run directory (logs, configs): $RUN"
 
 # --- pods -------------------------------------------------------------------------------------
@@ -50,11 +54,11 @@ for i in "${!POD_PORTS[@]}"; do
   addr=127.0.0.1:${POD_PORTS[$i]}
   PODS+=("$addr")
   "$ROOT/target/debug/model-server" --listen "$addr" --pod-name "pod-$i" --block-size 128 \
-    >"$RUN/pod-$i.log" 2>&1 &
+    --engine "$ENGINE" >"$RUN/pod-$i.log" 2>&1 &
   PIDS+=($!)
 done
 for i in "${!PODS[@]}"; do wait_http "http://${PODS[$i]}/health" "pod-$i"; done
-echo "pods:       $(for i in "${!PODS[@]}"; do printf 'pod-%s=%s ' "$i" "${PODS[$i]}"; done)"
+echo "pods:       $(for i in "${!PODS[@]}"; do printf 'pod-%s=%s ' "$i" "${PODS[$i]}"; done)(engine: $ENGINE)"
 
 # --- Envoy with the filter ----------------------------------------------------------------------
 "$ROOT/target/debug/render-envoy-config" --pods "$(IFS=,; echo "${PODS[*]}")" \
@@ -114,7 +118,7 @@ send() { # prompt max_tokens → prints "pod cached latency text"
   pod=$(grep -i '^x-inference-pod:' "$hdr" | cut -d' ' -f2 | tr -d '\r')
   reason=$(grep -i '^x-prefix-router-reason:' "$hdr" | cut -d' ' -f2 | tr -d '\r')
   jq -r --arg pod "$pod" --arg lat "$latency" --arg reason "$reason" \
-    '"\($pod)\t\(.usage.prompt_tokens_details.cached_tokens)\t\($reason)\t\(($lat|tonumber)*1000|floor) ms\t\(.choices[0].text[0:48])"' <<<"$json"
+    '"\($pod)\t\(.usage.prompt_tokens_details.cached_tokens)\t\($reason)\t\(($lat|tonumber)*1000|floor) ms\t\(.choices[0].text | gsub("\\s+"; " ") | .[0:48])"' <<<"$json"
 }
 
 seed_scenario() {
