@@ -1,5 +1,6 @@
 //! Benchmarks: numbers printed and written to files, never asserted in tests.
 
+pub mod engine;
 pub mod micro;
 pub mod oracle;
 pub mod overhead;
