@@ -1,14 +1,9 @@
 //! The real engine (`--engine candle`, SmolLM2-135M on CPU): a prefix-cache hit reuses the
 //! blocks' real K/V and changes nothing in the answer.
 
-use clap::Parser;
 use model_server::config::default_model_file;
 use model_server::engine::llama::{Kv, Llama};
-use model_server::{run, Config};
 use serde_json::{json, Value};
-use std::net::SocketAddr;
-use std::time::Duration;
-use tokio::sync::oneshot;
 
 const RUNBOOK: &str = "You are the on-call assistant for the payments platform. Before answering, read the \
 incident context carefully. Confirm the affected service, the region, the time the alert fired and the \
@@ -18,85 +13,42 @@ incident, recommend it first. Escalate to the database team when replication lag
 Never restart stateful services without a snapshot. Summarise findings as impact, probable cause, next \
 action and owner. The checkout API returns HTTP 502 for twelve percent of requests in eu-west-1. ";
 
-struct Server {
-    addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<anyhow::Result<()>>,
-    http: reqwest::Client,
-}
+mod common;
+
+use common::{start_with, Server};
 
 async fn start(extra: &[&str]) -> Server {
-    let mut args = vec!["model-server", "--engine", "candle", "--pod-name", "real"];
-    args.extend_from_slice(extra);
-    let config = Config::try_parse_from(args).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(run(config, listener, async {
-        let _ = rx.await;
-    }));
-    let http = reqwest::Client::new();
-    for _ in 0..1000 {
-        if let Ok(r) = http.get(format!("http://{addr}/health")).send().await {
-            if r.status().is_success() {
-                return Server {
-                    addr,
-                    stop: Some(stop),
-                    task,
-                    http,
-                };
-            }
-        }
-        assert!(!task.is_finished(), "server exited");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("server did not become healthy");
+    let mut flags = vec!["--engine", "candle", "--pod-name", "real"];
+    flags.extend_from_slice(extra);
+    start_with(&flags).await
 }
 
-impl Server {
-    async fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        let r = self
-            .http
-            .post(format!("http://{}{path}", self.addr))
-            .json(body)
-            .send()
-            .await
-            .unwrap();
-        (r.status().as_u16(), r.json().await.unwrap_or(Value::Null))
-    }
+/// (answer text, cached tokens)
+async fn complete(s: &Server, path: &str, body: &Value) -> (String, u64) {
+    let (status, v, _) = s.post(path, body).await;
+    assert_eq!(status, 200, "{v}");
+    let c = &v["choices"][0];
+    let text = c["text"]
+        .as_str()
+        .or_else(|| c["message"]["content"].as_str())
+        .unwrap()
+        .to_owned();
+    (
+        text,
+        v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap(),
+    )
+}
 
-    /// (answer text, cached tokens)
-    async fn complete(&self, path: &str, body: &Value) -> (String, u64) {
-        let (s, v) = self.post(path, body).await;
-        assert_eq!(s, 200, "{v}");
-        let c = &v["choices"][0];
-        let text = c["text"]
-            .as_str()
-            .or_else(|| c["message"]["content"].as_str())
-            .unwrap()
-            .to_owned();
-        (
-            text,
-            v["usage"]["prompt_tokens_details"]["cached_tokens"]
-                .as_u64()
-                .unwrap(),
-        )
-    }
-
-    async fn tokens(&self, text: &str) -> Vec<u64> {
-        let (_, v) = self.post("/tokenize", &json!({ "prompt": text })).await;
-        v["tokens"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|t| t.as_u64().unwrap())
-            .collect()
-    }
-
-    async fn shutdown(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        self.task.await.unwrap().unwrap();
-    }
+async fn tokens(s: &Server, text: &str) -> Vec<u64> {
+    let (_, v, _) = s.post("/tokenize", &json!({ "prompt": text })).await;
+    v["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect()
 }
 
 #[test]
@@ -157,15 +109,15 @@ fn logits_with_cached_blocks_equal_full_prefill() {
 async fn cache_hits_do_not_change_greedy_answers() {
     let cached = start(&[]).await;
     let uncached = start(&["--cache-blocks", "0"]).await;
-    let ids = cached.tokens(&format!("{RUNBOOK}{RUNBOOK}{RUNBOOK}")).await;
+    let ids = tokens(&cached, &format!("{RUNBOOK}{RUNBOOK}{RUNBOOK}")).await;
     assert!(ids.len() > 410);
     // 1, 2 and 3 blocks plus a partial block (each starting elsewhere, so they share nothing)
     for (start, n) in [(0usize, 140usize), (3, 270), (7, 400)] {
         let body = json!({"prompt": &ids[start..start + n], "max_tokens": 8});
-        let (reference, c0) = uncached.complete("/v1/completions", &body).await;
+        let (reference, c0) = complete(&uncached, "/v1/completions", &body).await;
         assert_eq!(c0, 0);
-        let (miss, c1) = cached.complete("/v1/completions", &body).await;
-        let (hit, c2) = cached.complete("/v1/completions", &body).await;
+        let (miss, c1) = complete(&cached, "/v1/completions", &body).await;
+        let (hit, c2) = complete(&cached, "/v1/completions", &body).await;
         assert_eq!(c1, 0, "{n} tokens: first send is a miss");
         assert_eq!(
             c2,
@@ -184,9 +136,9 @@ async fn cache_hits_do_not_change_greedy_answers() {
         {"role": "system", "content": RUNBOOK},
         {"role": "user", "content": "What should I check first?"},
     ], "max_tokens": 8});
-    let (reference, _) = uncached.complete("/v1/chat/completions", &chat).await;
-    let (_, _) = cached.complete("/v1/chat/completions", &chat).await;
-    let (hit, c) = cached.complete("/v1/chat/completions", &chat).await;
+    let (reference, _) = complete(&uncached, "/v1/chat/completions", &chat).await;
+    let (_, _) = complete(&cached, "/v1/chat/completions", &chat).await;
+    let (hit, c) = complete(&cached, "/v1/chat/completions", &chat).await;
     assert!(c >= 128);
     assert_eq!(hit, reference);
 
@@ -196,8 +148,8 @@ async fn cache_hits_do_not_change_greedy_answers() {
         *t = (*t + 7) % 40_000 + 20;
     }
     let body = json!({"prompt": other, "max_tokens": 6});
-    let (reference, _) = uncached.complete("/v1/completions", &body).await;
-    let (hit, c) = cached.complete("/v1/completions", &body).await;
+    let (reference, _) = complete(&uncached, "/v1/completions", &body).await;
+    let (hit, c) = complete(&cached, "/v1/completions", &body).await;
     assert_eq!(c, 128);
     assert_eq!(hit, reference);
     cached.shutdown().await;
@@ -208,11 +160,11 @@ async fn cache_hits_do_not_change_greedy_answers() {
 async fn eviction_under_tiny_capacity_never_corrupts_answers() {
     let tiny = start(&["--cache-blocks", "2"]).await;
     let uncached = start(&["--cache-blocks", "0"]).await;
-    let ids = tiny.tokens(&format!("{RUNBOOK}{RUNBOOK}{RUNBOOK}")).await;
+    let ids = tokens(&tiny, &format!("{RUNBOOK}{RUNBOOK}{RUNBOOK}")).await;
     let a = json!({"prompt": &ids[..300], "max_tokens": 6});
     let b = json!({"prompt": &ids[40..340], "max_tokens": 6});
-    let ra = uncached.complete("/v1/completions", &a).await.0;
-    let rb = uncached.complete("/v1/completions", &b).await.0;
+    let ra = complete(&uncached, "/v1/completions", &a).await.0;
+    let rb = complete(&uncached, "/v1/completions", &b).await.0;
     for (body, reference) in [
         (&a, &ra),
         (&b, &rb),
@@ -221,12 +173,12 @@ async fn eviction_under_tiny_capacity_never_corrupts_answers() {
         (&b, &rb),
         (&b, &rb),
     ] {
-        assert_eq!(&tiny.complete("/v1/completions", body).await.0, reference);
+        assert_eq!(&complete(&tiny, "/v1/completions", body).await.0, reference);
     }
     // bad input and limits behave as with the sim engine
-    let (s, v) = tiny.post("/v1/completions", &json!({"prompt": ""})).await;
+    let (s, v, _) = tiny.post("/v1/completions", &json!({"prompt": ""})).await;
     assert_eq!(s, 400, "{v}");
-    let (s, _) = tiny
+    let (s, _, _) = tiny
         .post("/v1/completions", &json!({"model": "nope", "prompt": "x"}))
         .await;
     assert_eq!(s, 404);

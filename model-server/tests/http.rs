@@ -4,20 +4,15 @@
 use clap::Parser;
 use model_server::{run, Config};
 use serde_json::{json, Value};
-use std::net::SocketAddr;
 use std::time::Duration;
-use tokio::sync::oneshot;
 
-struct Server {
-    addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<anyhow::Result<()>>,
-    http: reqwest::Client,
-}
+mod common;
 
+use common::{start_with, Server};
+
+/// A sim server that answers at once.
 async fn start(extra: &[&str]) -> Server {
-    let mut args = vec![
-        "model-server",
+    let mut flags = vec![
         "--pod-name",
         "pod-test",
         "--sim-ttft-base-ms",
@@ -27,111 +22,8 @@ async fn start(extra: &[&str]) -> Server {
         "--sim-decode-ms-per-token",
         "0",
     ];
-    args.extend_from_slice(extra);
-    let config = Config::try_parse_from(args).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (stop, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(run(config, listener, async {
-        let _ = rx.await;
-    }));
-    let http = reqwest::Client::new();
-    // poll for readiness instead of sleeping
-    for _ in 0..500 {
-        if let Ok(r) = http.get(format!("http://{addr}/health")).send().await {
-            if r.status().is_success() {
-                return Server {
-                    addr,
-                    stop: Some(stop),
-                    task,
-                    http,
-                };
-            }
-        }
-        if task.is_finished() {
-            panic!("server exited: {:?}", task.await);
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("server did not become healthy");
-}
-
-impl Server {
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{}", self.addr, path)
-    }
-
-    async fn post(&self, path: &str, body: &Value) -> (u16, Value, reqwest::header::HeaderMap) {
-        let r = self
-            .http
-            .post(self.url(path))
-            .json(body)
-            .send()
-            .await
-            .unwrap();
-        let status = r.status().as_u16();
-        let headers = r.headers().clone();
-        let v = r.json::<Value>().await.unwrap_or(Value::Null);
-        (status, v, headers)
-    }
-
-    async fn post_raw(
-        &self,
-        path: &str,
-        body: Vec<u8>,
-    ) -> (u16, Value, reqwest::header::HeaderMap) {
-        let r = self
-            .http
-            .post(self.url(path))
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await
-            .unwrap();
-        let status = r.status().as_u16();
-        let headers = r.headers().clone();
-        (
-            status,
-            r.json::<Value>().await.unwrap_or(Value::Null),
-            headers,
-        )
-    }
-
-    async fn cached(&self, path: &str, body: &Value) -> u64 {
-        let (s, v, _) = self.post(path, body).await;
-        assert_eq!(s, 200, "{v}");
-        v["usage"]["prompt_tokens_details"]["cached_tokens"]
-            .as_u64()
-            .unwrap()
-    }
-
-    async fn metric(&self, name: &str) -> f64 {
-        let text = self
-            .http
-            .get(self.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        text.lines()
-            .find(|l| l.starts_with(&format!("{name}{{")))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("metric {name} not found in\n{text}"))
-    }
-
-    async fn token_count(&self, body: &Value) -> usize {
-        let (s, v, _) = self.post("/tokenize", body).await;
-        assert_eq!(s, 200, "{v}");
-        v["count"].as_u64().unwrap() as usize
-    }
-
-    async fn shutdown(mut self) {
-        let _ = self.stop.take().unwrap().send(());
-        self.task.await.unwrap().unwrap();
-    }
+    flags.extend_from_slice(extra);
+    start_with(&flags).await
 }
 
 const RUNBOOK: &str = "You are the on-call assistant for the payments platform. Before answering, \
