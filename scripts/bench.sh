@@ -4,7 +4,7 @@
 # every run is bounded in count and time.
 #   scripts/bench.sh --quick          policies side by side, ≤ 2 minutes
 #   scripts/bench.sh                  policies, full (≤ 10 minutes; includes filter overhead)
-#   scripts/bench.sh cache|filter     the cache / tokenizer / server and filter-overhead benchmarks
+#   scripts/bench.sh cache|filter|engine   cache/tokenizer/server, filter overhead, real-engine TTFT
 #   scripts/bench.sh --help           every option (pods, rate, requests, workloads, seed, …)
 set -euo pipefail
 cd "$(dirname "$0")/.."
