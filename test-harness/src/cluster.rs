@@ -24,6 +24,8 @@ pub struct Envoy {
     pub admin_port: u16,
     pub config_path: PathBuf,
     pub proc: Proc,
+    /// The filter is loaded and polls the pods' cache events.
+    pub polls: bool,
 }
 
 impl Envoy {
@@ -177,6 +179,7 @@ pub fn start_envoy(
         admin_port: settings.admin_port,
         config_path,
         proc,
+        polls: wasm && settings.poll_interval_ms > 0,
     })
 }
 

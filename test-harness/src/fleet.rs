@@ -83,12 +83,38 @@ impl Fleet {
         let dir = run_dir(name);
         let pods = start_pods(n, pod_args, &dir)?;
         let envoy = start_envoy("envoy", &Self::addrs_of(&pods), true, tweak, &dir)?;
-        Ok(Fleet {
+        let fleet = Fleet {
             pods,
             envoy,
             http: client(),
             dir,
-        })
+        };
+        fleet.wait_polled(&fleet.envoy)?;
+        Ok(fleet)
+    }
+
+    /// Waits until `envoy`'s filter has made first contact with every pod (when it polls
+    /// at all). First contact starts a pod's generation and re-reads its whole event log, so
+    /// a test that starts before it could see those effects land in the middle of its own
+    /// steps; after it, generation changes and stored events come only from what the test does.
+    pub fn wait_polled(&self, envoy: &Envoy) -> anyhow::Result<()> {
+        if !envoy.polls {
+            return Ok(());
+        }
+        let n = self.pods.len() as f64;
+        let done = || {
+            self.stat(envoy, "prefix_router_pod_generation_changes") >= n
+                && (0..self.pods.len())
+                    .all(|i| self.stat(envoy, &format!("prefix_router_pod{i}_healthy")) == 1.0)
+        };
+        if self.wait(Duration::from_secs(20), done) {
+            Ok(())
+        } else {
+            anyhow::bail!(
+                "the filter in {} never polled every pod",
+                envoy.config_path.display()
+            )
+        }
     }
 
     fn addrs_of(pods: &[Pod]) -> Vec<String> {

@@ -252,6 +252,8 @@ fn separate_envoys_agree_and_learn_from_events() {
         &f.dir,
     )
     .unwrap();
+    f.wait_polled(&b).unwrap();
+    f.wait_polled(&a_rr).unwrap();
 
     // the same cold prompt goes to the same pod through two independent prefix Envoys
     let cold = prompt("independent replicas");
