@@ -3,26 +3,36 @@
 //!
 //! Why: inside Envoy's wasm VM the `tokenizers` crate spends most of its time in fancy-regex
 //! (the GPT-2 split pattern has a look-ahead, which forces the backtracking engine) and in
-//! per-call bookkeeping. Here the split runs on the `regex` crate's automata, the single
-//! look-ahead alternative (`\s+(?!\S)`) is applied by hand, and each split word's BPE result
-//! is cached. Only the tokenizer shapes checked in [`FastBpe::from_json`] are handled; anything
+//! per-call bookkeeping. Here added tokens are found in one Aho-Corasick scan, the split is
+//! decided by hand for ASCII text (the `regex` crate's automata only where a non-ASCII
+//! character is involved), the single look-ahead alternative (`\s+(?!\S)`) is applied by
+//! hand, and each split word's BPE result is cached. Only the tokenizer shapes checked in
+//! [`FastBpe::from_json`] are handled; anything
 //! else returns `None` and the caller keeps using the `tokenizers` crate. Equivalence is tested
 //! against the `tokenizers` crate on the real vocabulary (`core/tests/fast_bpe_equivalence.rs`).
 
+use aho_corasick::{AhoCorasick, MatchKind};
 use regex::Regex;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::Mutex;
-use xxhash_rust::xxh3::Xxh3DefaultBuilder;
 
-/// Maps on the hot path hash with XXH3 (std's SipHash is several times slower in wasm).
-type FastMap<K, V> = HashMap<K, V, Xxh3DefaultBuilder>;
+/// Maps on the hot path use foldhash (std's SipHash, and XXH3's streaming hasher, are several
+/// times slower on the short keys here, especially in wasm); randomly seeded per process.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// The GPT-2 split pattern without its look-ahead alternative `\s+(?!\S)`.
 const SPLIT: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+";
 
 /// Most distinct words kept in the BPE cache before it is cleared (bounded memory).
 const CACHE_LIMIT: usize = 100_000;
+
+struct AddedTokens {
+    /// one scan of the text for all of them, leftmost then longest
+    matcher: AhoCorasick,
+    /// pattern index → token id
+    ids: Vec<u32>,
+}
 
 pub struct FastBpe {
     split: Regex,
@@ -34,8 +44,8 @@ pub struct FastBpe {
     merges: FastMap<(u32, u32), (u32, u32)>,
     /// ids are below this
     vocab_size: usize,
-    /// added tokens, longest first (matched leftmost, then longest)
-    added: Vec<(String, u32)>,
+    /// added (special) tokens, matched in the text before any splitting
+    added: Option<AddedTokens>,
     cache: Mutex<FastMap<String, Vec<u32>>>,
 }
 
@@ -147,7 +157,6 @@ impl FastBpe {
                 u32::try_from(a["id"].as_u64()?).ok()?,
             ));
         }
-        added.sort_by_key(|(s, _)| std::cmp::Reverse(s.len()));
         let vocab_size = vocab
             .values()
             .chain(added.iter().map(|(_, id)| id))
@@ -160,7 +169,17 @@ impl FastBpe {
             digits,
             byte_ids,
             merges,
-            added,
+            added: if added.is_empty() {
+                None
+            } else {
+                Some(AddedTokens {
+                    matcher: AhoCorasick::builder()
+                        .match_kind(MatchKind::LeftmostLongest)
+                        .build(added.iter().map(|(s, _)| s.as_str()))
+                        .ok()?,
+                    ids: added.iter().map(|(_, id)| *id).collect(),
+                })
+            },
             cache: Mutex::new(FastMap::default()),
         })
     }
@@ -177,26 +196,18 @@ impl FastBpe {
         if cache.len() > CACHE_LIMIT {
             cache.clear();
         }
-        let mut rest = text;
-        while !rest.is_empty() {
-            // the leftmost added token, the longest one where several start there
-            let found = self
-                .added
-                .iter()
-                .filter_map(|(s, id)| rest.find(s.as_str()).map(|pos| (pos, s.len(), *id)))
-                .min_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
-            match found {
-                Some((pos, len, id)) => {
-                    self.encode_segment(&rest[..pos], &mut cache, &mut out);
+        let mut start = 0;
+        if let Some(added) = &self.added {
+            // leftmost added token, the longest where several start there (as `tokenizers`)
+            for m in added.matcher.find_iter(text) {
+                self.encode_segment(&text[start..m.start()], &mut cache, &mut out);
+                if let Some(&id) = added.ids.get(m.pattern().as_usize()) {
                     out.push(id);
-                    rest = &rest[pos + len..];
                 }
-                None => {
-                    self.encode_segment(rest, &mut cache, &mut out);
-                    break;
-                }
+                start = m.end();
             }
         }
+        self.encode_segment(&text[start..], &mut cache, &mut out);
         out
     }
 
@@ -223,10 +234,13 @@ impl FastBpe {
     fn encode_piece(&self, piece: &str, cache: &mut FastMap<String, Vec<u32>>, out: &mut Vec<u32>) {
         let mut pos = 0;
         while pos < piece.len() {
-            let Some(m) = self.split.find_at(piece, pos) else {
-                break;
+            let mut end = match Self::ascii_match_end(piece.as_bytes(), pos) {
+                Some(end) => end,
+                None => match self.split.find_at(piece, pos) {
+                    Some(m) => m.end(),
+                    None => break,
+                },
             };
-            let mut end = m.end();
             let word = &piece[pos..end];
             // `\s+(?!\S)`: a whitespace run followed by a non-space leaves its last character
             // to the next match
@@ -249,10 +263,69 @@ impl FastBpe {
         }
     }
 
+    /// Where the [`SPLIT`] match starting at `pos` ends, when that is decided by ASCII bytes
+    /// alone; `None` when a non-ASCII character could change the answer (the caller then asks
+    /// the regex). Same leftmost-first alternation as the pattern, several times faster than the
+    /// regex's automata for the English-heavy text most prompts are.
+    fn ascii_match_end(b: &[u8], pos: usize) -> Option<usize> {
+        #[derive(Clone, Copy, PartialEq)]
+        enum Class {
+            Letter,
+            Digit,
+            Space,
+            Other,
+        }
+        // `None` for non-ASCII: its Unicode class is not known here
+        let class = |i: usize| -> Option<Class> {
+            let c = *b.get(i)?;
+            match c {
+                b'a'..=b'z' | b'A'..=b'Z' => Some(Class::Letter),
+                b'0'..=b'9' => Some(Class::Digit),
+                // the regex crate's Unicode `\s` on ASCII: \t \n \v \f \r and space
+                b'\t' | b'\n' | 0x0B | 0x0C | b'\r' | b' ' => Some(Class::Space),
+                0x80.. => None,
+                _ => Some(Class::Other),
+            }
+        };
+        // end of the run of `want` starting at `i`; `None` if a non-ASCII byte could extend it
+        let run = |mut i: usize, want: Class| -> Option<usize> {
+            while i < b.len() {
+                match class(i) {
+                    Some(c) if c == want => i += 1,
+                    Some(_) => return Some(i),
+                    None => return None,
+                }
+            }
+            Some(i)
+        };
+        let first = class(pos)?;
+        if b[pos] == b'\'' {
+            let rest = &b[pos + 1..];
+            for c in [&b"s"[..], b"t", b"re", b"ve", b"m", b"ll", b"d"] {
+                if rest.starts_with(c) {
+                    return Some(pos + 1 + c.len());
+                }
+            }
+        }
+        match first {
+            Class::Space if b[pos] == b' ' && pos + 1 < b.len() => match class(pos + 1)? {
+                Class::Space => run(pos, Class::Space),
+                c => run(pos + 1, c),
+            },
+            c => run(pos, c),
+        }
+    }
+
     /// Byte-level BPE of one word: merge the lowest-ranked adjacent pair (leftmost on ties)
     /// until none applies.
     fn bpe(&self, word: &str) -> Vec<u32> {
-        let mut ids: Vec<u32> = word.bytes().map(|b| self.byte_ids[b as usize]).collect();
+        // a byte whose character the vocabulary lacks is dropped, as `tokenizers` does for
+        // a BPE model without an unknown token (its neighbours may then merge)
+        let mut ids: Vec<u32> = word
+            .bytes()
+            .map(|b| self.byte_ids[b as usize])
+            .filter(|&id| id != u32::MAX)
+            .collect();
         loop {
             let best = ids
                 .windows(2)

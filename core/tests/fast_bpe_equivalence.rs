@@ -147,3 +147,45 @@ fn routing_bundle_encodes_identically() {
     assert_eq!(routing.vocab_size(), full.vocab_size());
     assert!(routing.decode(&[1]).is_err(), "encode-only");
 }
+
+/// Every ASCII character (the hand-written ASCII split path), words and runs of them, with a
+/// few non-ASCII characters mixed in where a run could continue past them.
+#[test]
+fn random_ascii_heavy_strings_match() {
+    let t = tokenizer();
+    let mut alphabet: Vec<String> = (1u8..0x80).map(|b| char::from(b).to_string()).collect();
+    for extra in [
+        " ",
+        " ",
+        "  ",
+        "'",
+        "'s",
+        "'ll",
+        "'re",
+        "word",
+        " word",
+        "12",
+        "\n\n",
+        "\u{a0}",
+        "é",
+        "\u{85}",
+        "٣",
+        "<|im_end|>",
+    ] {
+        alphabet.push(extra.to_owned());
+    }
+    let mut state = 0x0bad_cafe_dead_beefu64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for _ in 0..30_000 {
+        let len = (next() % 20) as usize;
+        let text: String = (0..len)
+            .map(|_| alphabet[(next() % alphabet.len() as u64) as usize].as_str())
+            .collect();
+        check(&t, &text);
+    }
+}

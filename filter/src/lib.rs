@@ -292,7 +292,8 @@ impl RouterHttp {
                 let t = &routed.table;
                 self.metrics.table(t.filled, t.replaced, t.conflicts);
                 if let Ok(d) = self.get_current_time().duration_since(started) {
-                    self.metrics.route_time(d.as_micros() as u64);
+                    self.metrics
+                        .route_time(d.as_micros() as u64, routed.prepare_us);
                 }
                 self.prefix_hash = routed.prefix_hash.map(|h| h.to_hex());
                 self.counted = routed.counted;

@@ -42,6 +42,7 @@ pub struct Metrics {
     fail_open: Id,
     rejected: Id,
     route_us: Id,
+    prepare_us: Id,
     events_stored: Id,
     events_removed: Id,
     generations: Id,
@@ -92,6 +93,7 @@ impl Metrics {
             fail_open: Id::def(Counter, "prefix_router_fail_open"),
             rejected: Id::def(Counter, "prefix_router_rejected"),
             route_us: Id::def(Histogram, "prefix_router_route_us"),
+            prepare_us: Id::def(Histogram, "prefix_router_tokenize_us"),
             events_stored: Id::def(Counter, "prefix_router_events_blocks_stored"),
             events_removed: Id::def(Counter, "prefix_router_events_blocks_removed"),
             generations: Id::def(Counter, "prefix_router_pod_generation_changes"),
@@ -126,8 +128,10 @@ impl Metrics {
         self.rejected.inc(1);
     }
 
-    pub fn route_time(&self, micros: u64) {
+    /// Whole routing time, and the part of it spent rendering, tokenizing and hashing.
+    pub fn route_time(&self, micros: u64, prepare_micros: u64) {
         self.route_us.set(micros);
+        self.prepare_us.set(prepare_micros);
     }
 
     pub fn events(&self, stored: u32, removed: u32, new_generation: bool) {

@@ -65,6 +65,8 @@ impl<'a, H: Host> OwnershipTable<'a, H> {
     /// Records `pod` (at cache `generation`) as the owner of every block in `hashes`.
     pub fn record(&self, hashes: &[BlockHash], pod: &str, generation: u64) -> RecordStats {
         let mut stats = RecordStats::default();
+        // one clock read per prompt: its blocks age together
+        let stamp = self.host.now_nanos();
         for &h in hashes {
             let slots = self.layout.slots(h);
             let cur = [self.read(slots[0]), self.read(slots[1])];
@@ -78,7 +80,7 @@ impl<'a, H: Host> OwnershipTable<'a, H> {
             }
             let entry = Entry {
                 hash: h,
-                stamp: self.host.now_nanos(),
+                stamp,
                 generation,
                 pod: pod.to_owned(),
             };

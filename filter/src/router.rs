@@ -34,6 +34,9 @@ pub struct Routed {
     pub prefix_hash: Option<BlockHash>,
     /// The chosen pod's in-flight counter was incremented (decrement when the stream ends).
     pub counted: bool,
+    /// Time spent rendering, tokenizing and hashing the prompt (µs); the rest of the
+    /// routing time is the shared-data work (pod states, table lookups and writes).
+    pub prepare_us: u64,
 }
 
 impl Router {
@@ -147,11 +150,14 @@ impl Router {
             table: RecordStats::default(),
             prefix_hash: None,
             counted: false,
+            prepare_us: 0,
         };
         let Some(bundle) = &self.bundle else {
             return Ok(fallback(self));
         };
+        let started = host.now_nanos();
         let prompt = bundle.prepare(&req)?;
+        let prepare_us = host.now_nanos().saturating_sub(started) / 1_000;
         let (states, loads) = self.pod_views(host);
         let Some(decision) = self.choose(host, self.config.policy, &prompt.hashes, &states, &loads)
         else {
@@ -166,6 +172,7 @@ impl Router {
             table,
             prefix_hash: prompt.hashes.last().copied(),
             counted,
+            prepare_us,
         })
     }
 }
