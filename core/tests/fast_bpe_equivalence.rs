@@ -27,6 +27,24 @@ fn check(t: &Tokenizer, text: &str) {
     assert_eq!(fast, reference, "mismatch for {text:?}");
 }
 
+/// 30,000 strings of up to `max_len` pieces drawn from `alphabet` (seeded xorshift).
+fn check_random(t: &Tokenizer, alphabet: &[&str], seed: u64, max_len: u64) {
+    let mut state = seed;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for _ in 0..30_000 {
+        let len = next() % max_len;
+        let text: String = (0..len)
+            .map(|_| alphabet[(next() % alphabet.len() as u64) as usize])
+            .collect();
+        check(t, &text);
+    }
+}
+
 #[test]
 fn fast_path_is_used_for_the_default_model() {
     assert!(tokenizer().is_fast());
@@ -119,20 +137,7 @@ fn random_strings_match() {
         " word",
         "the",
     ];
-    let mut state = 0x1234_5678_9abc_def0u64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
-    for _ in 0..30_000 {
-        let len = (next() % 24) as usize;
-        let text: String = (0..len)
-            .map(|_| alphabet[(next() % alphabet.len() as u64) as usize])
-            .collect();
-        check(&t, &text);
-    }
+    check_random(&t, &alphabet, 0x1234_5678_9abc_def0, 24);
 }
 
 #[test]
@@ -174,18 +179,6 @@ fn random_ascii_heavy_strings_match() {
     ] {
         alphabet.push(extra.to_owned());
     }
-    let mut state = 0x0bad_cafe_dead_beefu64;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
-    for _ in 0..30_000 {
-        let len = (next() % 20) as usize;
-        let text: String = (0..len)
-            .map(|_| alphabet[(next() % alphabet.len() as u64) as usize].as_str())
-            .collect();
-        check(&t, &text);
-    }
+    let alphabet: Vec<&str> = alphabet.iter().map(String::as_str).collect();
+    check_random(&t, &alphabet, 0x0bad_cafe_dead_beef, 20);
 }
