@@ -33,10 +33,18 @@ fn policy_bench_smoke() {
         &params,
         2,
         &costs,
+        Some(3),
         &out,
     )
     .unwrap();
-    assert_eq!(runs.len(), 4);
+    // 2 workloads × 2 policies, plus shared-prefix replayed closed-loop per policy
+    assert_eq!(runs.len(), 6);
+    assert_eq!(
+        runs.iter()
+            .filter(|r| r.workload == test_harness::bench::policies::SATURATED)
+            .count(),
+        2
+    );
     for r in &runs {
         let what = format!("{} / {}", r.workload, r.policy);
         assert_eq!(

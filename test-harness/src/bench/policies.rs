@@ -2,7 +2,7 @@
 //! fresh fleet of sim pods and one Envoy with the filter replay the same seeded trace.
 
 use super::oracle::{oracle, Oracle};
-use super::replay::{quantile, replay, Outcome};
+use super::replay::{quantile, replay, Arrivals, Outcome};
 use super::trace::{generate, write_jsonl, TraceParams, Workload};
 use crate::cluster::{client, pod_metric, run_dir, start_envoy, start_pods};
 use prefix_core::ModelBundle;
@@ -11,6 +11,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 pub const POLICIES: [&str; 4] = ["prefix", "round_robin", "random", "least_loaded"];
+
+/// The shared-prefix trace replayed closed-loop: what each policy gets out of the same fleet.
+pub const SATURATED: &str = "shared-prefix-saturated";
 
 /// The sim engine's cost model for the benchmark (printed with the results).
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -86,6 +89,7 @@ fn cpu_seconds(pid: Option<u32>) -> f64 {
 #[allow(clippy::too_many_arguments)]
 pub fn run_one(
     workload: Workload,
+    arrivals: Arrivals,
     policy: &'static str,
     trace: &[super::trace::TraceRequest],
     oracle_rate: Oracle,
@@ -93,7 +97,11 @@ pub fn run_one(
     costs: &SimCosts,
     tick: impl Fn() + Send + Sync,
 ) -> anyhow::Result<PolicyRun> {
-    let dir = run_dir(&format!("bench-{}-{policy}", workload.name()));
+    let name = match arrivals {
+        Arrivals::Scheduled => workload.name(),
+        Arrivals::Saturated { .. } => SATURATED,
+    };
+    let dir = run_dir(&format!("bench-{name}-{policy}"));
     let args = costs.args();
     let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let fleet = start_pods(pods, &arg_refs, &dir)?;
@@ -111,7 +119,13 @@ pub fn run_one(
     )?;
     let cpu0 = cpu_seconds(envoy.proc.pid());
     let started = Instant::now();
-    let outcomes: Vec<Outcome> = replay(&envoy.url(""), trace, Duration::from_secs(60), tick)?;
+    let outcomes: Vec<Outcome> = replay(
+        &envoy.url(""),
+        trace,
+        arrivals,
+        Duration::from_secs(60),
+        tick,
+    )?;
     let duration_s = started.elapsed().as_secs_f64();
     let cpu = cpu_seconds(envoy.proc.pid()) - cpu0;
 
@@ -137,7 +151,7 @@ pub fn run_one(
         serde_json::to_vec(&outcomes).unwrap_or_default(),
     );
     Ok(PolicyRun {
-        workload: workload.name(),
+        workload: name,
         policy,
         requests: outcomes.len(),
         ok: ok.len(),
@@ -167,7 +181,8 @@ pub fn run_one(
     })
 }
 
-/// Every workload × policy; traces saved under `out`.
+/// Every workload × policy; traces saved under `out`. With `saturate`, the shared-prefix
+/// trace is also replayed closed-loop by that many clients per policy ([`SATURATED`]).
 #[allow(clippy::too_many_arguments)]
 pub fn run_all(
     bundle: &ModelBundle,
@@ -176,9 +191,14 @@ pub fn run_all(
     params: &TraceParams,
     pods: usize,
     costs: &SimCosts,
+    saturate: Option<usize>,
     out: &Path,
 ) -> anyhow::Result<Vec<PolicyRun>> {
-    let total = (workloads.len() * policies.len() * params.requests) as u64;
+    let saturated_runs = match saturate {
+        Some(_) if workloads.contains(&Workload::SharedPrefix) => 1,
+        _ => 0,
+    };
+    let total = ((workloads.len() + saturated_runs) * policies.len() * params.requests) as u64;
     let bar = indicatif::ProgressBar::new(total);
     bar.set_style(
         indicatif::ProgressStyle::with_template(
@@ -193,7 +213,25 @@ pub fn run_all(
         let o = oracle(bundle, &trace)?;
         for &p in policies {
             bar.set_message(format!("{} / {p}", w.name()));
-            runs.push(run_one(w, p, &trace, o, pods, costs, || bar.inc(1))?);
+            runs.push(run_one(
+                w,
+                Arrivals::Scheduled,
+                p,
+                &trace,
+                o,
+                pods,
+                costs,
+                || bar.inc(1),
+            )?);
+        }
+        if let (Workload::SharedPrefix, Some(concurrency)) = (w, saturate) {
+            for &p in policies {
+                bar.set_message(format!("{SATURATED} / {p}"));
+                let arrivals = Arrivals::Saturated { concurrency };
+                runs.push(run_one(w, arrivals, p, &trace, o, pods, costs, || {
+                    bar.inc(1)
+                })?);
+            }
         }
     }
     bar.finish_and_clear();

@@ -1,11 +1,17 @@
-//! Open-loop replay of a trace through Envoy with streaming requests: each request is sent at
-//! its scheduled time whatever the earlier ones are doing, and its time to first token is the
+//! Replay of a trace through Envoy with streaming requests; time to first token is the
 //! arrival of the first SSE chunk that carries text.
+//!
+//! Open loop ([`Arrivals::Scheduled`]): each request is sent at its scheduled time whatever the
+//! earlier ones are doing, so throughput follows the offered rate. Closed loop
+//! ([`Arrivals::Saturated`]): a fixed number of clients send the trace's requests in order as
+//! fast as they are answered, so throughput is what the fleet can do under that routing.
 
 use super::trace::TraceRequest;
 use futures::StreamExt;
 use serde::Serialize;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::sync::Semaphore;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Outcome {
@@ -104,11 +110,21 @@ async fn one(
     out
 }
 
+/// How requests are released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Arrivals {
+    /// at each request's `at_ms`
+    Scheduled,
+    /// `concurrency` clients back to back, schedule ignored
+    Saturated { concurrency: usize },
+}
+
 /// Replays `trace` against `base` (e.g. `http://127.0.0.1:10000`); `tick` is called as each
 /// request finishes.
 pub fn replay(
     base: &str,
     trace: &[TraceRequest],
+    arrivals: Arrivals,
     per_request_timeout: Duration,
     tick: impl Fn() + Send + Sync,
 ) -> anyhow::Result<Vec<Outcome>> {
@@ -124,16 +140,29 @@ pub fn replay(
         .build()?;
     rt.block_on(async {
         let start = Instant::now();
+        let slots = match arrivals {
+            Arrivals::Scheduled => None,
+            Arrivals::Saturated { concurrency } => {
+                Some(Arc::new(Semaphore::new(concurrency.max(1))))
+            }
+        };
         let mut tasks = futures::stream::FuturesOrdered::new();
         for r in trace {
             let url = format!("{base}{}", r.path);
-            tasks.push_back(tokio::spawn(one(
-                http.clone(),
-                url,
-                r.clone(),
-                start,
-                per_request_timeout,
-            )));
+            let mut r = r.clone();
+            let http = http.clone();
+            let slots = slots.clone();
+            if slots.is_some() {
+                r.at_ms = 0.0;
+            }
+            tasks.push_back(tokio::spawn(async move {
+                // FIFO permits: requests go out in trace order as clients free up
+                let _permit = match &slots {
+                    Some(s) => s.clone().acquire_owned().await.ok(),
+                    None => None,
+                };
+                one(http, url, r, start, per_request_timeout).await
+            }));
         }
         let mut outcomes = Vec::with_capacity(trace.len());
         while let Some(res) = tasks.next().await {

@@ -8,7 +8,7 @@
 
 use clap::{Parser, ValueEnum};
 use std::path::PathBuf;
-use test_harness::bench::policies::{run_all, SimCosts, POLICIES};
+use test_harness::bench::policies::{run_all, SimCosts, POLICIES, SATURATED};
 use test_harness::bench::trace::{TraceParams, Workload};
 use test_harness::bench::{engine, micro, overhead, plots, report, server, write_json};
 
@@ -100,12 +100,15 @@ fn main() -> anyhow::Result<()> {
             a.workloads.clone()
         };
         println!("== policies: {} sim pods, sim costs {costs:?}", a.pods);
+        println!("   open loop at the trace's arrival times; shared-prefix also closed loop ({SATURATED}) with {} clients", a.pods * costs.max_num_seqs);
         println!(
             "   trace: {params:?}; workloads {:?}; policies {POLICIES:?}",
             workloads.iter().map(|w| w.name()).collect::<Vec<_>>()
         );
+        // closed loop: as many clients as the fleet has sequence slots
+        let saturate = Some(a.pods * costs.max_num_seqs);
         let runs = run_all(
-            &bundle, &workloads, &POLICIES, &params, a.pods, &costs, &a.out,
+            &bundle, &workloads, &POLICIES, &params, a.pods, &costs, saturate, &a.out,
         )?;
         print!("{}", report::table(&runs));
         let goals = report::goals(&runs);
