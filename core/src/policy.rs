@@ -7,7 +7,8 @@
 //! - Only healthy pods are candidates (all pods, if none is known healthy).
 //! - Imbalance guard (after SGLang's cache-aware policy): when the busiest candidate's load
 //!   exceeds the idlest's by more than `imbalance_abs` *and* by a factor `imbalance_ratio`,
-//!   affinity is ignored and the least-loaded pod is chosen (`Imbalanced`).
+//!   only pods within `imbalance_abs` of the idlest may take the request: an owner among them
+//!   if there is one (a block can have two owners), else the least-loaded pod (`Imbalanced`).
 //! - Otherwise each pod scores `prefix × matched/total blocks − load`, where a pod's match is
 //!   the deepest block of the prompt's leading chain it owns (hashes are chained, so owning
 //!   block *i* means it computed blocks 0..=i). Ties go to the rendezvous order of the first
@@ -174,10 +175,13 @@ pub struct Inputs<'a, S: AsRef<str>> {
     pub random: u64,
 }
 
-/// Chooses a pod. `owner(h)` returns the live owner (pod index) of block `h`, if any.
+/// The live owners (pod indices) of one block: the table keeps at most two.
+pub type Owners = [Option<usize>; 2];
+
+/// Chooses a pod. `owners(h)` returns the live owners of block `h`.
 pub fn decide<S: AsRef<str>>(
     input: &Inputs<'_, S>,
-    mut owner: impl FnMut(BlockHash) -> Option<usize>,
+    mut owners: impl FnMut(BlockHash) -> Owners,
 ) -> Option<Decision> {
     let n = input.pods.len();
     if n == 0 {
@@ -232,17 +236,40 @@ pub fn decide<S: AsRef<str>>(
         .fold((f64::MAX, f64::MIN), |(lo, hi), &c| {
             (lo.min(load(c)), hi.max(load(c)))
         });
-    if max_load - min_load > w.imbalance_abs && max_load > w.imbalance_ratio * min_load {
-        return pick(least_loaded(&candidates), Reason::Imbalanced);
-    }
+    let imbalanced =
+        max_load - min_load > w.imbalance_abs && max_load > w.imbalance_ratio * min_load;
 
     // per-pod match: the deepest block of the leading chain that the pod owns
     let mut matched = vec![0usize; n];
     for (i, &h) in input.hashes.iter().enumerate() {
-        match owner(h).filter(|p| candidates.contains(p)) {
-            Some(p) => matched[p] = i + 1,
-            None => break,
+        let mut owned = false;
+        for p in owners(h).into_iter().flatten() {
+            if candidates.contains(&p) {
+                matched[p] = i + 1;
+                owned = true;
+            }
         }
+        if !owned {
+            break;
+        }
+    }
+    if imbalanced {
+        // Affinity only among pods that are not overloaded: a second warm owner takes the
+        // request if there is one, else the least-loaded pod (a miss, which then becomes an
+        // owner too).
+        let warm = candidates
+            .iter()
+            .copied()
+            .filter(|&c| matched[c] > 0 && load(c) <= min_load + w.imbalance_abs)
+            .max_by(|&a, &b| {
+                matched[a]
+                    .cmp(&matched[b])
+                    .then(load(b).total_cmp(&load(a)))
+            });
+        return match warm {
+            Some(p) => pick(p, Reason::PrefixHit { blocks: matched[p] }),
+            None => pick(least_loaded(&candidates), Reason::Imbalanced),
+        };
     }
     // candidates in rendezvous order: ties and cold prompts resolve identically everywhere
     let mut order = candidates.clone();
@@ -308,7 +335,10 @@ mod tests {
         owners: &[(u64, usize)],
         counter: u64,
     ) -> Decision {
-        let owners: HashMap<u64, usize> = owners.iter().copied().collect();
+        let mut by_hash: HashMap<u64, Vec<usize>> = HashMap::new();
+        for &(k, p) in owners {
+            by_hash.entry(k).or_default().push(p);
+        }
         let w = Weights::default();
         let input = Inputs {
             policy,
@@ -319,7 +349,12 @@ mod tests {
             counter,
             random: 7,
         };
-        decide(&input, |x| owners.get(&x.0).copied()).unwrap()
+        decide(&input, |x| {
+            let v = by_hash.get(&x.0);
+            let at = |i: usize| v.and_then(|v| v.get(i)).copied();
+            [at(0), at(1)]
+        })
+        .unwrap()
     }
 
     #[test]
@@ -406,6 +441,22 @@ mod tests {
                 reason: Reason::Imbalanced,
             },
             Case {
+                name: "imbalance guard → a second, not overloaded owner keeps the hit",
+                loads: busy([12, 1, 3]),
+                hashes: vec![h(1), h(2)],
+                owners: vec![(1, 0), (2, 0), (1, 2), (2, 2)],
+                pod: 2,
+                reason: Reason::PrefixHit { blocks: 2 },
+            },
+            Case {
+                name: "two owners: the less loaded one",
+                loads: busy([4, 0, 1]),
+                hashes: vec![h(1)],
+                owners: vec![(1, 0), (1, 2)],
+                pod: 2,
+                reason: Reason::PrefixHit { blocks: 1 },
+            },
+            Case {
                 name: "partial match outscored by load",
                 loads: busy([7, 0, 0]),
                 hashes: vec![h(1), h(2), h(3), h(4)],
@@ -485,7 +536,7 @@ mod tests {
             counter: 0,
             random: 0,
         };
-        assert!(decide(&input, |_| None).is_none());
+        assert!(decide(&input, |_| [None, None]).is_none());
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! The ownership table's layout in Envoy shared data: block hash → owning pod, bounded.
+//! The ownership table's layout in Envoy shared data: block hash → owning pods (up to two),
+//! bounded.
 //!
 //! Envoy's shared data has no delete, no expiry and no key listing, and every read copies the
 //! whole value. So the table is a fixed array of `capacity` small keys (slots), never more:
@@ -93,10 +94,18 @@ impl TableLayout {
     }
 }
 
-/// Where to write `h`: the candidate already holding it, else an empty one, else the one with
-/// the older entry. `current` holds the decoded candidates in slot order.
-pub fn pick_slot(h: BlockHash, current: [Option<&Entry>; 2]) -> usize {
-    if let Some(i) = current.iter().position(|e| e.is_some_and(|e| e.hash == h)) {
+/// Where to record `pod` as an owner of `h`: the candidate already holding `h` for `pod`, else
+/// an empty one, else the one with the older entry. `current` holds the decoded candidates in
+/// slot order.
+///
+/// So a block can have two owners at once (one per candidate slot): when load sends a prompt
+/// to a second pod, that pod is added and the first one stays known, and the router can
+/// choose between two warm pods. A third owner replaces the older of the two.
+pub fn pick_slot(h: BlockHash, pod: &str, current: [Option<&Entry>; 2]) -> usize {
+    if let Some(i) = current
+        .iter()
+        .position(|e| e.is_some_and(|e| e.hash == h && e.pod == pod))
+    {
         return i;
     }
     if let Some(i) = current.iter().position(Option::is_none) {
@@ -146,10 +155,24 @@ mod tests {
     #[test]
     fn pick_prefers_same_then_empty_then_oldest() {
         let h = BlockHash(9);
-        assert_eq!(pick_slot(h, [Some(&e(1, 5)), Some(&e(9, 1))]), 1);
-        assert_eq!(pick_slot(h, [Some(&e(1, 5)), None]), 1);
-        assert_eq!(pick_slot(h, [None, Some(&e(1, 5))]), 0);
-        assert_eq!(pick_slot(h, [Some(&e(1, 5)), Some(&e(2, 3))]), 1);
-        assert_eq!(pick_slot(h, [Some(&e(1, 2)), Some(&e(2, 3))]), 0);
+        let p = "127.0.0.1:8001";
+        assert_eq!(pick_slot(h, p, [Some(&e(1, 5)), Some(&e(9, 1))]), 1);
+        assert_eq!(pick_slot(h, p, [Some(&e(1, 5)), None]), 1);
+        assert_eq!(pick_slot(h, p, [None, Some(&e(1, 5))]), 0);
+        assert_eq!(pick_slot(h, p, [Some(&e(1, 5)), Some(&e(2, 3))]), 1);
+        assert_eq!(pick_slot(h, p, [Some(&e(1, 2)), Some(&e(2, 3))]), 0);
+        // another pod's entry for the same block is a second owner, not a replacement
+        let other = Entry {
+            pod: "127.0.0.1:8002".into(),
+            ..e(9, 1)
+        };
+        assert_eq!(pick_slot(h, p, [Some(&other), None]), 1);
+        assert_eq!(pick_slot(h, p, [Some(&other), Some(&e(9, 4))]), 1);
+        // two other owners: the older one is replaced
+        let third = Entry {
+            pod: "127.0.0.1:8003".into(),
+            ..e(9, 7)
+        };
+        assert_eq!(pick_slot(h, p, [Some(&third), Some(&other)]), 1);
     }
 }

@@ -37,13 +37,23 @@ impl<'a, H: Host> OwnershipTable<'a, H> {
         }
     }
 
-    /// The entry for `h` (owning pod and its generation then), if any.
+    /// The entries for `h` (owning pods and their generations then): at most two.
+    pub fn owners(&self, h: BlockHash) -> [Option<Entry>; 2] {
+        let [a, b] = self.layout.slots(h);
+        let mine = |slot: u64| self.read(slot).0.filter(|e| e.hash == h);
+        let first = mine(a);
+        // with capacity 1 both candidates are the same slot
+        let second = if b == a { None } else { mine(b) };
+        [first, second]
+    }
+
+    /// The most recently recorded entry for `h`, if any.
     pub fn owner(&self, h: BlockHash) -> Option<Entry> {
-        self.layout
-            .slots(h)
-            .into_iter()
-            .filter_map(|s| self.read(s).0)
-            .find(|e| e.hash == h)
+        let [a, b] = self.owners(h);
+        match (a, b) {
+            (Some(a), Some(b)) => Some(if b.stamp > a.stamp { b } else { a }),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Forgets blocks `pod` no longer holds (entries now owned by another pod are kept).
@@ -70,7 +80,7 @@ impl<'a, H: Host> OwnershipTable<'a, H> {
         for &h in hashes {
             let slots = self.layout.slots(h);
             let cur = [self.read(slots[0]), self.read(slots[1])];
-            let i = pick_slot(h, [cur[0].0.as_ref(), cur[1].0.as_ref()]);
+            let i = pick_slot(h, pod, [cur[0].0.as_ref(), cur[1].0.as_ref()]);
             let (old, cas) = &cur[i];
             if old
                 .as_ref()
@@ -121,16 +131,26 @@ mod tests {
         assert!(hs
             .iter()
             .all(|&h| owner(h) == Some(("127.0.0.1:1".into(), 0))));
-        // re-recording the same owner writes nothing; a new owner or generation takes over
+        // re-recording the same owner writes nothing; a new generation replaces its entry;
+        // another pod becomes a second owner, and a third replaces the older of the two
         assert_eq!(t.record(&hs, "127.0.0.1:1", 0).written, 0);
-        assert_eq!(t.record(&hs[..1], "127.0.0.1:2", 0).written, 1);
-        assert_eq!(owner(hs[0]), Some(("127.0.0.1:2".into(), 0)));
         assert_eq!(t.record(&hs[1..2], "127.0.0.1:1", 7).written, 1);
         assert_eq!(owner(hs[1]), Some(("127.0.0.1:1".into(), 7)));
+        assert_eq!(t.record(&hs[..1], "127.0.0.1:2", 0).written, 1);
+        assert_eq!(owner(hs[0]), Some(("127.0.0.1:2".into(), 0)), "newest");
+        let pods = |h| {
+            let mut v: Vec<String> = t.owners(h).into_iter().flatten().map(|e| e.pod).collect();
+            v.sort();
+            v
+        };
+        assert_eq!(pods(hs[0]), ["127.0.0.1:1", "127.0.0.1:2"]);
+        assert_eq!(t.record(&hs[..1], "127.0.0.1:3", 0).written, 1);
+        assert_eq!(pods(hs[0]), ["127.0.0.1:2", "127.0.0.1:3"]);
         // removal only forgets the named pod's entries
         assert_eq!(t.remove(&hs[..2], "127.0.0.1:1"), 1);
         assert_eq!(owner(hs[1]), None);
-        assert_eq!(owner(hs[0]), Some(("127.0.0.1:2".into(), 0)));
+        assert_eq!(t.remove(&hs[..1], "127.0.0.1:3"), 1);
+        assert_eq!(pods(hs[0]), ["127.0.0.1:2"]);
     }
 
     #[test]
@@ -173,7 +193,8 @@ mod tests {
         let layout = TableLayout::new("t", 64);
         let t = OwnershipTable::new(&host, &layout);
         t.record(&[BlockHash(7)], "127.0.0.1:1", 0); // creates the key (no CAS on new keys)
-        let s = t.record(&[BlockHash(7)], "127.0.0.1:2", 0);
+                                                     // a new generation rewrites that existing key, racing the other worker
+        let s = t.record(&[BlockHash(7)], "127.0.0.1:1", 1);
         assert_eq!(s.conflicts, 1);
     }
 }

@@ -115,10 +115,12 @@ impl Router {
             random: self.next_random(),
         };
         decide(&input, |h| {
-            let e = table.owner(h)?;
-            let i = pods.iter().position(|p| *p == e.pod)?;
-            // only entries of the pod's current cache generation are live
-            (states.get(i)?.generation == e.generation).then_some(i)
+            table.owners(h).map(|e| {
+                let e = e?;
+                let i = pods.iter().position(|p| *p == e.pod)?;
+                // only entries of the pod's current cache generation are live
+                (states.get(i)?.generation == e.generation).then_some(i)
+            })
         })
     }
 
