@@ -2,7 +2,7 @@
 //! consistent (not that any policy wins).
 
 use test_harness::bench::micro::default_bundle;
-use test_harness::bench::policies::{run_all, SimCosts};
+use test_harness::bench::policies::{run_all, Saturation, SimCosts};
 use test_harness::bench::trace::{TraceParams, Workload};
 use test_harness::bench::{plots, report};
 
@@ -33,7 +33,12 @@ fn policy_bench_smoke() {
         &params,
         2,
         &costs,
-        Some(3),
+        Some(Saturation {
+            concurrency: 3,
+            tenants: 3,
+            requests: params.requests,
+            cache_blocks: 64,
+        }),
         &out,
     )
     .unwrap();

@@ -12,8 +12,22 @@ use std::time::{Duration, Instant};
 
 pub const POLICIES: [&str; 4] = ["prefix", "round_robin", "random", "least_loaded"];
 
-/// The shared-prefix trace replayed closed-loop: what each policy gets out of the same fleet.
+/// The shared-prefix workload replayed closed-loop: what each policy gets out of the same fleet.
 pub const SATURATED: &str = "shared-prefix-saturated";
+
+/// The closed-loop run ([`SATURATED`]): a shared-prefix trace with more tenants than one pod's
+/// cache holds (while the fleet's caches together hold them several times over), sent by a
+/// fixed number of clients back to back. That is the situation prefix-aware routing exists
+/// for; with few tenants and large caches every policy ends up with every prefix everywhere.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Saturation {
+    /// closed-loop clients
+    pub concurrency: usize,
+    pub tenants: u32,
+    pub requests: usize,
+    /// each pod's prefix-cache capacity, in blocks
+    pub cache_blocks: usize,
+}
 
 /// The sim engine's cost model for the benchmark (printed with the results).
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -95,6 +109,7 @@ pub fn run_one(
     oracle_rate: Oracle,
     pods: usize,
     costs: &SimCosts,
+    cache_blocks: Option<usize>,
     tick: impl Fn() + Send + Sync,
 ) -> anyhow::Result<PolicyRun> {
     let name = match arrivals {
@@ -102,7 +117,10 @@ pub fn run_one(
         Arrivals::Saturated { .. } => SATURATED,
     };
     let dir = run_dir(&format!("bench-{name}-{policy}"));
-    let args = costs.args();
+    let mut args = costs.args();
+    if let Some(n) = cache_blocks {
+        args.extend(["--cache-blocks".to_owned(), n.to_string()]);
+    }
     let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let fleet = start_pods(pods, &arg_refs, &dir)?;
     let addrs: Vec<String> = fleet.iter().map(|p| p.addr.clone()).collect();
@@ -181,8 +199,8 @@ pub fn run_one(
     })
 }
 
-/// Every workload × policy; traces saved under `out`. With `saturate`, the shared-prefix
-/// trace is also replayed closed-loop by that many clients per policy ([`SATURATED`]).
+/// Every workload × policy; traces saved under `out`. With `saturate` (and the shared-prefix
+/// workload selected), also the closed-loop [`SATURATED`] run per policy.
 #[allow(clippy::too_many_arguments)]
 pub fn run_all(
     bundle: &ModelBundle,
@@ -191,15 +209,13 @@ pub fn run_all(
     params: &TraceParams,
     pods: usize,
     costs: &SimCosts,
-    saturate: Option<usize>,
+    saturate: Option<Saturation>,
     out: &Path,
 ) -> anyhow::Result<Vec<PolicyRun>> {
-    let saturated_runs = match saturate {
-        Some(_) if workloads.contains(&Workload::SharedPrefix) => 1,
-        _ => 0,
-    };
-    let total = ((workloads.len() + saturated_runs) * policies.len() * params.requests) as u64;
-    let bar = indicatif::ProgressBar::new(total);
+    let saturate = saturate.filter(|_| workloads.contains(&Workload::SharedPrefix));
+    let total = workloads.len() * policies.len() * params.requests
+        + saturate.map_or(0, |s| policies.len() * s.requests);
+    let bar = indicatif::ProgressBar::new(total as u64);
     bar.set_style(
         indicatif::ProgressStyle::with_template(
             "{spinner} [{elapsed_precise}] {bar:40} {pos}/{len} requests {msg}",
@@ -213,25 +229,38 @@ pub fn run_all(
         let o = oracle(bundle, &trace)?;
         for &p in policies {
             bar.set_message(format!("{} / {p}", w.name()));
+            let open = Arrivals::Scheduled;
+            runs.push(run_one(w, open, p, &trace, o, pods, costs, None, || {
+                bar.inc(1)
+            })?);
+        }
+    }
+    if let Some(s) = saturate {
+        let sat_params = TraceParams {
+            tenants: s.tenants,
+            requests: s.requests,
+            ..*params
+        };
+        let trace = generate(Workload::SharedPrefix, &sat_params);
+        write_jsonl(&out.join(format!("trace-{SATURATED}.jsonl")), &trace)?;
+        let o = oracle(bundle, &trace)?;
+        for &p in policies {
+            bar.set_message(format!("{SATURATED} / {p}"));
+            let closed = Arrivals::Saturated {
+                concurrency: s.concurrency,
+            };
+            let w = Workload::SharedPrefix;
             runs.push(run_one(
                 w,
-                Arrivals::Scheduled,
+                closed,
                 p,
                 &trace,
                 o,
                 pods,
                 costs,
+                Some(s.cache_blocks),
                 || bar.inc(1),
             )?);
-        }
-        if let (Workload::SharedPrefix, Some(concurrency)) = (w, saturate) {
-            for &p in policies {
-                bar.set_message(format!("{SATURATED} / {p}"));
-                let arrivals = Arrivals::Saturated { concurrency };
-                runs.push(run_one(w, arrivals, p, &trace, o, pods, costs, || {
-                    bar.inc(1)
-                })?);
-            }
         }
     }
     bar.finish_and_clear();

@@ -8,7 +8,7 @@
 
 use clap::{Parser, ValueEnum};
 use std::path::PathBuf;
-use test_harness::bench::policies::{run_all, SimCosts, POLICIES, SATURATED};
+use test_harness::bench::policies::{run_all, Saturation, SimCosts, POLICIES, SATURATED};
 use test_harness::bench::trace::{TraceParams, Workload};
 use test_harness::bench::{engine, micro, overhead, plots, report, server, write_json};
 
@@ -99,16 +99,29 @@ fn main() -> anyhow::Result<()> {
         } else {
             a.workloads.clone()
         };
+        // closed loop: as many clients as the fleet has sequence slots; 16 tenants with
+        // 2k–6k-token contexts against 256-block (32k-token) pod caches, about 8 contexts each
+        let saturation = Saturation {
+            concurrency: a.pods * costs.max_num_seqs,
+            tenants: 16,
+            requests: if a.quick { 64 } else { 300 },
+            cache_blocks: 256,
+        };
         println!("== policies: {} sim pods, sim costs {costs:?}", a.pods);
-        println!("   open loop at the trace's arrival times; shared-prefix also closed loop ({SATURATED}) with {} clients", a.pods * costs.max_num_seqs);
+        println!("   open loop at the trace's arrival times; shared-prefix also closed loop ({SATURATED}): {saturation:?}");
         println!(
             "   trace: {params:?}; workloads {:?}; policies {POLICIES:?}",
             workloads.iter().map(|w| w.name()).collect::<Vec<_>>()
         );
-        // closed loop: as many clients as the fleet has sequence slots
-        let saturate = Some(a.pods * costs.max_num_seqs);
         let runs = run_all(
-            &bundle, &workloads, &POLICIES, &params, a.pods, &costs, saturate, &a.out,
+            &bundle,
+            &workloads,
+            &POLICIES,
+            &params,
+            a.pods,
+            &costs,
+            Some(saturation),
+            &a.out,
         )?;
         print!("{}", report::table(&runs));
         let goals = report::goals(&runs);
