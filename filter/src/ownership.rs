@@ -192,8 +192,9 @@ mod tests {
         let host = Racy(FakeHost::default());
         let layout = TableLayout::new("t", 64);
         let t = OwnershipTable::new(&host, &layout);
-        t.record(&[BlockHash(7)], "127.0.0.1:1", 0); // creates the key (no CAS on new keys)
-                                                     // a new generation rewrites that existing key, racing the other worker
+        // creates the key (no CAS on new keys)
+        t.record(&[BlockHash(7)], "127.0.0.1:1", 0);
+        // a new generation rewrites that existing key, racing the other worker
         let s = t.record(&[BlockHash(7)], "127.0.0.1:1", 1);
         assert_eq!(s.conflicts, 1);
     }
