@@ -206,22 +206,35 @@ fn burst_of_identical_prompts_is_spread() {
     });
     let mut per_pod: BTreeMap<String, usize> = BTreeMap::new();
     let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
+    let mut reused = 0;
     for r in &results {
         assert_eq!(r.status, 200, "{}", r.body);
         *per_pod.entry(r.pod.clone()).or_default() += 1;
         *reasons.entry(r.reason().to_owned()).or_default() += 1;
+        reused += usize::from(r.cached() > 0);
     }
     println!(
-        "50 concurrent identical prompts, owner {owner}: per pod {per_pod:?}, reasons {reasons:?}"
+        "50 concurrent identical prompts, first owner {owner}: per pod {per_pod:?}, \
+         reasons {reasons:?}, {reused} reused the prefix"
     );
     assert!(
         per_pod.len() >= 2,
         "the imbalance guard should spread a burst: {per_pod:?}"
     );
-    assert!(per_pod[&owner] < 50);
+    assert!(per_pod.get(&owner).copied().unwrap_or(0) < 50);
+    // A pod that takes a spilled request computes the prefix and becomes an owner too
+    // (a block keeps up to two), so which pod is "the" owner may change during the burst;
+    // what affinity must keep is that most of the burst lands where the prefix already is.
+    let hits = reasons.get("prefix-hit").copied().unwrap_or(0);
     assert!(
-        per_pod[&owner] >= per_pod.values().copied().max().unwrap_or(0) / 2,
-        "affinity still favours the owner"
+        hits >= results.len() / 2,
+        "most of the burst should be routed by prefix: {reasons:?}"
+    );
+    assert!(
+        reused >= results.len() / 2,
+        "affinity should keep most of the burst on pods that hold the prefix: \
+         {reused}/{} reused",
+        results.len()
     );
 }
 
