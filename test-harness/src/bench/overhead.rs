@@ -14,6 +14,11 @@ pub struct OverheadRow {
     pub added_p50_ms: f64,
     pub added_p99_ms: f64,
     pub rps_ratio: f64,
+    /// Time spent inside the filter per request under this load, from its own histograms
+    /// (Envoy's last stats-flush interval, so only this prompt size): p50 / p99 in µs.
+    pub filter_route_us: Option<(f64, f64)>,
+    /// …of which parse + render + tokenize + hash.
+    pub filter_tokenize_us: Option<(f64, f64)>,
 }
 
 #[derive(Debug, Serialize)]
@@ -87,11 +92,18 @@ pub fn run(
         wrk::run(&url_filter, &body, 2, 1, &dir)?;
         let without_filter = wrk::run(&url_plain, &body, connections, seconds, &dir)?;
         let with_filter = wrk::run(&url_filter, &body, connections, seconds, &dir)?;
+        let stats = crate::cluster::client()
+            .get(filtered.admin_url("/stats?filter=prefix_router_(route|tokenize)_us$"))
+            .send()
+            .and_then(|r| r.text())
+            .unwrap_or_default();
         rows.push(OverheadRow {
             prompt_tokens: *tokens,
             added_p50_ms: with_filter.p50_ms - without_filter.p50_ms,
             added_p99_ms: with_filter.p99_ms - without_filter.p99_ms,
             rps_ratio: with_filter.requests_per_sec / without_filter.requests_per_sec.max(1e-9),
+            filter_route_us: interval_p50_p99(&stats, "prefix_router_route_us"),
+            filter_tokenize_us: interval_p50_p99(&stats, "prefix_router_tokenize_us"),
             without_filter,
             with_filter,
         });
@@ -113,4 +125,46 @@ pub fn run(
     };
     let _ = std::fs::copy(&filtered.proc.log, out.join("envoy-filter.log"));
     Ok((rows, footprint))
+}
+
+/// P50 and P99 of the last stats-flush interval from Envoy's text histogram line
+/// `name: P0(i,c) … P50(i,c) … P99(i,c) …` (i = interval, c = cumulative).
+fn interval_p50_p99(stats: &str, name: &str) -> Option<(f64, f64)> {
+    // Envoy names wasm metrics `wasmcustom.<name>` outside the Prometheus format
+    let line = stats.lines().find_map(|l| {
+        l.strip_prefix("wasmcustom.")
+            .unwrap_or(l)
+            .strip_prefix(&format!("{name}: "))
+    })?;
+    let interval = |q: &str| -> Option<f64> {
+        let rest = line.split_whitespace().find_map(|w| w.strip_prefix(q))?;
+        let v: f64 = rest
+            .trim_start_matches('(')
+            .split(',')
+            .next()?
+            .parse()
+            .ok()?;
+        v.is_finite().then_some(v)
+    };
+    Some((interval("P50(")?, interval("P99(")?))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn reads_interval_quantiles() {
+        let text =
+            "wasmcustom.prefix_router_route_us: P0(80,70) P25(90,85) P50(101.5,99) P75(120,110) \
+                    P90(150,140) P95(170,160) P99(250,240) P99.5(260,250) P99.9(270,260) \
+                    P100(280,270)\nprefix_router_tokenize_us: P0(nan,1) P50(nan,2) P99(nan,3)";
+        assert_eq!(
+            super::interval_p50_p99(text, "prefix_router_route_us"),
+            Some((101.5, 250.0))
+        );
+        assert_eq!(
+            super::interval_p50_p99(text, "prefix_router_tokenize_us"),
+            None,
+            "no samples in the interval"
+        );
+    }
 }

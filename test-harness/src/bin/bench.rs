@@ -182,6 +182,19 @@ fn main() -> anyhow::Result<()> {
                 r.without_filter.p50_ms, r.with_filter.p50_ms, r.without_filter.p99_ms, r.with_filter.p99_ms, r.added_p50_ms
             );
         }
+        println!("   inside the filter (its own histograms, p50 / p99 µs): route total, of which tokenize");
+        for r in &rows {
+            let show = |v: Option<(f64, f64)>| {
+                v.map(|(a, b)| format!("{a:.0} / {b:.0}"))
+                    .unwrap_or_else(|| "n/a".into())
+            };
+            println!(
+                "   {:>6}  {:>15}  {:>15}",
+                r.prompt_tokens,
+                show(r.filter_route_us),
+                show(r.filter_tokenize_us)
+            );
+        }
         if let Some(r) = rows.iter().find(|r| r.prompt_tokens == 2048) {
             println!(
                 "   goals at 2k tokens: added p50 {:.2} ms (goal ≤ 1 ms: {}), rps ratio {:.2} (goal ≥ 0.8: {})",
