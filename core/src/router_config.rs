@@ -27,7 +27,7 @@ pub struct RouterConfig {
     /// Add `x-prefix-router-*` response headers (pod, reason, matched blocks).
     #[serde(default)]
     pub debug_headers: bool,
-    /// Slots in the ownership table (one shared-data key each; memory stays bounded).
+    /// Entries in the ownership table (two per shared-data key; memory stays bounded).
     #[serde(default = "default_table_capacity")]
     pub table_capacity: u64,
     /// `prefix` (default), `round_robin`, `random` or `least_loaded`.

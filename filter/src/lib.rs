@@ -154,7 +154,7 @@ impl RootContext for RouterRoot {
             .map(|d| d.as_millis())
             .unwrap_or(0);
         log::info!(
-            "prefix-router: configured {} pods, policy {:?}, block size {}, model '{}', table {} slots, poll every {} ms; tokenizer {} in {took} ms",
+            "prefix-router: configured {} pods, policy {:?}, block size {}, model '{}', table {} entries, poll every {} ms; tokenizer {} in {took} ms",
             config.pods.len(),
             config.policy,
             config.block_size,

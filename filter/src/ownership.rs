@@ -1,53 +1,82 @@
 //! The ownership table in Envoy shared data: which pod computed which block.
 //!
 //! Layout and replacement rules live in `prefix_core::table`; this is the thin part that
-//! reads and writes the slots through [`Host`], with compare-and-swap so Envoy's worker
+//! reads and writes buckets through [`Host`], with compare-and-swap so Envoy's worker
 //! threads never lose each other's updates silently.
+//!
+//! Host calls dominate the routing cost after tokenizing (each copies a value across the VM
+//! boundary), so one `OwnershipTable` lives for one routing decision and remembers the buckets
+//! it has read: the lookup's reads are reused when the same prompt's blocks are recorded, and
+//! a write that loses a race to another worker re-reads and retries once.
 
 use crate::host::{Host, SetOutcome};
-use prefix_core::table::{pick_slot, Entry, TableLayout};
+use prefix_core::table::{decode_bucket, encode_bucket, pick_way, Bucket, Entry, TableLayout};
 use prefix_core::BlockHash;
+use std::cell::RefCell;
+use std::collections::HashMap;
 
 /// What recording a prompt's blocks did to the table.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct RecordStats {
     pub written: u32,
-    /// Slots that held another block and were overwritten (capacity pressure).
+    /// Entries that held another block and were overwritten (capacity pressure).
     pub replaced: u32,
-    /// Slots that were empty before.
+    /// Ways that were empty before.
     pub filled: u32,
-    /// Writes lost to a concurrent writer (CAS mismatch) or a host failure.
+    /// Writes lost to concurrent writers (CAS mismatch twice) or a host failure.
     pub conflicts: u32,
 }
+
+/// A bucket as last read: its ways and the CAS token of that read.
+type Read = (Bucket, Option<u32>);
 
 pub struct OwnershipTable<'a, H: Host> {
     host: &'a H,
     layout: &'a TableLayout,
+    /// Buckets read during this decision (bucket index → contents and CAS).
+    seen: RefCell<HashMap<u64, Read>>,
 }
 
 impl<'a, H: Host> OwnershipTable<'a, H> {
     pub fn new(host: &'a H, layout: &'a TableLayout) -> Self {
-        OwnershipTable { host, layout }
+        OwnershipTable {
+            host,
+            layout,
+            seen: RefCell::new(HashMap::new()),
+        }
     }
 
-    fn read(&self, slot: u64) -> (Option<Entry>, Option<u32>) {
-        match self.host.shared_get(&self.layout.key(slot)) {
-            Some((v, cas)) => (Entry::decode(&v), cas),
-            None => (None, None),
-        }
+    fn fetch(&self, b: u64) -> Read {
+        let read = match self.host.shared_get(&self.layout.key(b)) {
+            Some((v, cas)) => (decode_bucket(&v), cas),
+            None => ([None, None], None),
+        };
+        self.seen.borrow_mut().insert(b, read.clone());
+        read
+    }
+
+    /// The bucket as this table last saw it (reading it on first use).
+    fn read(&self, b: u64) -> Read {
+        let seen = self.seen.borrow().get(&b).cloned();
+        seen.unwrap_or_else(|| self.fetch(b))
+    }
+
+    /// Writes `bucket` if nobody changed it since `cas`; forgets the cached copy either way
+    /// (a successful write gets a new CAS token this table does not know).
+    fn write(&self, b: u64, bucket: &Bucket, cas: Option<u32>) -> SetOutcome {
+        self.seen.borrow_mut().remove(&b);
+        self.host
+            .shared_set(&self.layout.key(b), &encode_bucket(bucket), cas)
     }
 
     /// The entries for `h` (owning pods and their generations then): at most two.
     pub fn owners(&self, h: BlockHash) -> [Option<Entry>; 2] {
-        let [a, b] = self.layout.slots(h);
-        let mine = |slot: u64| self.read(slot).0.filter(|e| e.hash == h);
-        let first = mine(a);
-        // with capacity 1 both candidates are the same slot
-        let second = if b == a { None } else { mine(b) };
-        [first, second]
+        let (ways, _) = self.read(self.layout.bucket(h));
+        ways.map(|e| e.filter(|e| e.hash == h))
     }
 
     /// The most recently recorded entry for `h`, if any.
+    #[cfg(test)]
     pub fn owner(&self, h: BlockHash) -> Option<Entry> {
         let [a, b] = self.owners(h);
         match (a, b) {
@@ -60,53 +89,75 @@ impl<'a, H: Host> OwnershipTable<'a, H> {
     pub fn remove(&self, hashes: &[BlockHash], pod: &str) -> u32 {
         let mut removed = 0;
         for &h in hashes {
-            for slot in self.layout.slots(h) {
-                let (cur, cas) = self.read(slot);
-                if cur.is_some_and(|e| e.hash == h && e.pod == pod)
-                    && self.host.shared_set(&self.layout.key(slot), &[], cas) == SetOutcome::Written
-                {
-                    removed += 1;
+            let b = self.layout.bucket(h);
+            for _attempt in 0..2 {
+                let (mut ways, cas) = self.fetch(b);
+                let mut gone = 0;
+                for way in &mut ways {
+                    if way.as_ref().is_some_and(|e| e.hash == h && e.pod == pod) {
+                        *way = None;
+                        gone += 1;
+                    }
+                }
+                if gone == 0 {
+                    break;
+                }
+                if self.write(b, &ways, cas) == SetOutcome::Written {
+                    removed += gone;
+                    break;
                 }
             }
         }
         removed
     }
 
-    /// Records `pod` (at cache `generation`) as the owner of every block in `hashes`.
+    /// Records `pod` (at cache `generation`) as an owner of every block in `hashes`.
     pub fn record(&self, hashes: &[BlockHash], pod: &str, generation: u64) -> RecordStats {
         let mut stats = RecordStats::default();
         // one clock read per prompt: its blocks age together
         let stamp = self.host.now_nanos();
         for &h in hashes {
-            let slots = self.layout.slots(h);
-            let cur = [self.read(slots[0]), self.read(slots[1])];
-            let i = pick_slot(h, pod, [cur[0].0.as_ref(), cur[1].0.as_ref()]);
-            let (old, cas) = &cur[i];
-            if old
-                .as_ref()
-                .is_some_and(|e| e.hash == h && e.pod == pod && e.generation == generation)
-            {
-                continue; // already recorded
-            }
-            let entry = Entry {
-                hash: h,
-                stamp,
-                generation,
-                pod: pod.to_owned(),
-            };
-            match self
-                .host
-                .shared_set(&self.layout.key(slots[i]), &entry.encode(), *cas)
-            {
-                SetOutcome::Written => {
+            let b = self.layout.bucket(h);
+            // the first attempt may use this decision's earlier read; a lost race re-reads
+            let mut outcome = SetOutcome::Failed;
+            for attempt in 0..2 {
+                // a key that did not exist cannot be written with compare-and-swap (Envoy
+                // inserts last-writer-wins), so only an existing bucket's read is reused
+                let (mut ways, cas) = match self.read(b) {
+                    (ways, Some(cas)) if attempt == 0 => (ways, Some(cas)),
+                    _ => self.fetch(b),
+                };
+                let i = pick_way(h, pod, [ways[0].as_ref(), ways[1].as_ref()]);
+                let old = ways[i].take();
+                if old
+                    .as_ref()
+                    .is_some_and(|e| e.hash == h && e.pod == pod && e.generation == generation)
+                {
+                    outcome = SetOutcome::Written;
+                    break; // already recorded
+                }
+                ways[i] = Some(Entry {
+                    hash: h,
+                    stamp,
+                    generation,
+                    pod: pod.to_owned(),
+                });
+                outcome = self.write(b, &ways, cas);
+                if outcome == SetOutcome::Written {
                     stats.written += 1;
                     match old {
                         Some(e) if e.hash != h => stats.replaced += 1,
                         None => stats.filled += 1,
                         _ => {}
                     }
+                    break;
                 }
-                SetOutcome::CasMismatch | SetOutcome::Failed => stats.conflicts += 1,
+                if outcome == SetOutcome::Failed {
+                    break;
+                }
+            }
+            if outcome != SetOutcome::Written {
+                stats.conflicts += 1;
             }
         }
         stats
@@ -163,12 +214,97 @@ mod tests {
         for i in 0..1000u64 {
             replaced += t.record(&[key(i)], "127.0.0.1:1", 0).replaced;
         }
-        assert!(host.data.borrow().len() <= 16, "never more keys than slots");
+        assert!(
+            host.data.borrow().len() as u64 <= layout.buckets(),
+            "never more keys than buckets"
+        );
         assert!(replaced > 900);
         // the newest block is always findable
         assert_eq!(
             t.owner(key(999)).map(|e| e.pod).as_deref(),
             Some("127.0.0.1:1")
+        );
+    }
+
+    /// Counts host reads and writes.
+    #[derive(Default)]
+    struct Counting {
+        inner: FakeHost,
+        gets: std::cell::Cell<u32>,
+        sets: std::cell::Cell<u32>,
+    }
+    impl Host for Counting {
+        fn shared_get(&self, k: &str) -> Option<(Vec<u8>, Option<u32>)> {
+            self.gets.set(self.gets.get() + 1);
+            self.inner.shared_get(k)
+        }
+        fn shared_set(&self, k: &str, v: &[u8], cas: Option<u32>) -> SetOutcome {
+            self.sets.set(self.sets.get() + 1);
+            self.inner.shared_set(k, v, cas)
+        }
+        fn now_nanos(&self) -> u64 {
+            self.inner.now_nanos()
+        }
+    }
+
+    #[test]
+    fn one_read_per_block_per_decision() {
+        let host = Counting::default();
+        let layout = TableLayout::new("t", 1 << 16);
+        let hs: Vec<BlockHash> = (1..=16).map(|i| BlockHash(i * 0x9E37_79B9)).collect();
+        // a cold prompt on buckets that never existed: read again right before each write
+        // (no compare-and-swap protects a new key), written once
+        let cold = OwnershipTable::new(&host, &layout);
+        assert!(hs.iter().all(|&h| cold.owners(h) == [None, None]));
+        assert_eq!(cold.record(&hs, "127.0.0.1:1", 0).written, 16);
+        assert_eq!((host.gets.get(), host.sets.get()), (32, 16));
+        // the same prompt again (a fresh decision): the lookup's reads serve the record,
+        // which has nothing to write
+        let warm = OwnershipTable::new(&host, &layout);
+        assert!(hs.iter().all(|&h| warm.owners(h)[0].is_some()));
+        assert_eq!(warm.record(&hs, "127.0.0.1:1", 0).written, 0);
+        assert_eq!((host.gets.get(), host.sets.get()), (48, 16));
+        // a second pod joins as an owner: existing buckets, so one read and one write each
+        let other = OwnershipTable::new(&host, &layout);
+        assert!(hs.iter().all(|&h| other.owners(h)[1].is_none()));
+        assert_eq!(other.record(&hs, "127.0.0.1:2", 0).written, 16);
+        assert_eq!((host.gets.get(), host.sets.get()), (64, 32));
+    }
+
+    #[test]
+    fn a_lost_race_is_retried_on_a_fresh_read() {
+        let host = FakeHost::default();
+        let layout = TableLayout::new("t", 64);
+        let mine = OwnershipTable::new(&host, &layout);
+        let h = BlockHash(5);
+        let pods = |h| {
+            let mut v: Vec<String> = OwnershipTable::new(&host, &layout)
+                .owners(h)
+                .into_iter()
+                .flatten()
+                .map(|e| e.pod)
+                .collect();
+            v.sort();
+            v
+        };
+        // the bucket did not exist at our lookup; another worker creates it before we record
+        assert_eq!(mine.owners(h), [None, None]);
+        OwnershipTable::new(&host, &layout).record(&[h], "127.0.0.1:2", 0);
+        let s = mine.record(&[h], "127.0.0.1:1", 0);
+        assert_eq!((s.written, s.conflicts), (1, 0));
+        assert_eq!(pods(h), ["127.0.0.1:1", "127.0.0.1:2"], "both owners kept");
+        // the bucket existed at our lookup and changed before we record: CAS fails, retry
+        let g = BlockHash(6);
+        OwnershipTable::new(&host, &layout).record(&[g], "127.0.0.1:3", 0);
+        let mine = OwnershipTable::new(&host, &layout);
+        assert!(mine.owners(g)[0].is_some());
+        OwnershipTable::new(&host, &layout).record(&[g], "127.0.0.1:2", 0);
+        let s = mine.record(&[g], "127.0.0.1:1", 0);
+        assert_eq!((s.written, s.conflicts), (1, 0));
+        assert_eq!(
+            pods(g),
+            ["127.0.0.1:1", "127.0.0.1:2"],
+            "the older owner (3) is replaced, the concurrent one (2) kept"
         );
     }
 

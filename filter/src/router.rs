@@ -41,10 +41,10 @@ pub struct Routed {
 
 impl Router {
     pub fn new(config: RouterConfig, bundle: Option<ModelBundle>, seed: u64) -> Self {
-        // The namespace names everything that changes slot meaning, so two differently
+        // The namespace names everything that changes what a table key means, so two differently
         // configured plugins in one Envoy never read each other's state as their own.
         let namespace = format!(
-            "prefix-router/v2/{}/{}",
+            "prefix-router/v3/{}/{}",
             config.model_name, config.block_size
         );
         let layout = TableLayout::new(&format!("{namespace}/table"), config.table_capacity);
@@ -97,13 +97,12 @@ impl Router {
 
     fn choose<H: Host>(
         &self,
-        host: &H,
+        table: &OwnershipTable<'_, H>,
         policy: Policy,
         hashes: &[BlockHash],
         states: &[PodState],
         loads: &[PodLoad],
     ) -> Option<Decision> {
-        let table = OwnershipTable::new(host, &self.layout);
         let pods = &self.config.pods;
         let input = Inputs {
             policy,
@@ -128,7 +127,8 @@ impl Router {
     /// `/v1/models` or when the router cannot read the prompt.
     pub fn plain<H: Host>(&self, host: &H, reason: Reason) -> Decision {
         let (states, loads) = self.pod_views(host);
-        let d = self.choose(host, Policy::LeastLoaded, &[], &states, &loads);
+        let table = OwnershipTable::new(host, &self.layout);
+        let d = self.choose(&table, Policy::LeastLoaded, &[], &states, &loads);
         Decision {
             pod: d.map(|d| d.pod).unwrap_or(0),
             reason,
@@ -161,13 +161,16 @@ impl Router {
         let prompt = bundle.prepare(&req)?;
         let prepare_us = host.now_nanos().saturating_sub(started) / 1_000;
         let (states, loads) = self.pod_views(host);
-        let Some(decision) = self.choose(host, self.config.policy, &prompt.hashes, &states, &loads)
+        // one table for lookup and record, so the buckets the lookup read are not read again
+        let owners = OwnershipTable::new(host, &self.layout);
+        let Some(decision) =
+            self.choose(&owners, self.config.policy, &prompt.hashes, &states, &loads)
         else {
             return Ok(fallback(self));
         };
         let pod = self.pod(decision.pod);
         let generation = states.get(decision.pod).map(|s| s.generation).unwrap_or(0);
-        let table = OwnershipTable::new(host, &self.layout).record(&prompt.hashes, pod, generation);
+        let table = owners.record(&prompt.hashes, pod, generation);
         let counted = add_inflight(host, &self.keys, pod, 1).is_some();
         Ok(Routed {
             decision,
