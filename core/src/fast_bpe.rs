@@ -6,7 +6,7 @@
 //! per-call bookkeeping. Here added tokens are found in one Aho-Corasick scan, the split is
 //! decided by hand for ASCII text (the `regex` crate's automata only where a non-ASCII
 //! character is involved), the single look-ahead alternative (`\s+(?!\S)`) is applied by
-//! hand, and each split word's BPE result is cached. Only the tokenizer shapes checked in
+//! hand, and each split word's BPE result is cached (long segments between added tokens too, whole). Only the tokenizer shapes checked in
 //! [`FastBpe::from_json`] are handled; anything
 //! else returns `None` and the caller keeps using the `tokenizers` crate. Equivalence is tested
 //! against the `tokenizers` crate on the real vocabulary (`core/tests/fast_bpe_equivalence.rs`).
@@ -27,6 +27,23 @@ const SPLIT: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}
 /// Most distinct words kept in the BPE cache before it is cleared (bounded memory).
 const CACHE_LIMIT: usize = 100_000;
 
+/// Segments (text between added tokens) at least this long are cached whole.
+const SEGMENT_MIN_BYTES: usize = 256;
+
+/// Bytes of segment text plus ids kept in the segment cache before it is cleared.
+const SEGMENT_BUDGET: usize = 4 << 20;
+
+/// Per-encoder memo. Two levels, both exact: text between two added tokens is encoded
+/// independently of everything around it, so a repeated segment (a runbook prompt sent again,
+/// a chat's system prompt or earlier turns, each delimited by the template's special tokens)
+/// reuses its ids whole; and every split word reuses its BPE result.
+#[derive(Default)]
+struct Memo {
+    words: FastMap<String, Vec<u32>>,
+    segments: FastMap<Box<str>, Box<[u32]>>,
+    segment_bytes: usize,
+}
+
 struct AddedTokens {
     /// one scan of the text for all of them, leftmost then longest
     matcher: AhoCorasick,
@@ -46,7 +63,7 @@ pub struct FastBpe {
     vocab_size: usize,
     /// added (special) tokens, matched in the text before any splitting
     added: Option<AddedTokens>,
-    cache: Mutex<FastMap<String, Vec<u32>>>,
+    cache: Mutex<Memo>,
 }
 
 /// GPT-2's reversible byte → printable character mapping.
@@ -180,7 +197,7 @@ impl FastBpe {
                     ids: added.iter().map(|(_, id)| *id).collect(),
                 })
             },
-            cache: Mutex::new(FastMap::default()),
+            cache: Mutex::new(Memo::default()),
         })
     }
 
@@ -192,23 +209,48 @@ impl FastBpe {
     /// Token ids of `text` (no special tokens added).
     pub fn encode(&self, text: &str) -> Vec<u32> {
         let mut out = Vec::with_capacity(text.len() / 3);
-        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        if cache.len() > CACHE_LIMIT {
-            cache.clear();
+        let mut memo = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if memo.words.len() > CACHE_LIMIT {
+            memo.words.clear();
         }
         let mut start = 0;
         if let Some(added) = &self.added {
             // leftmost added token, the longest where several start there (as `tokenizers`)
             for m in added.matcher.find_iter(text) {
-                self.encode_segment(&text[start..m.start()], &mut cache, &mut out);
+                self.encode_memo(&text[start..m.start()], &mut memo, &mut out);
                 if let Some(&id) = added.ids.get(m.pattern().as_usize()) {
                     out.push(id);
                 }
                 start = m.end();
             }
         }
-        self.encode_segment(&text[start..], &mut cache, &mut out);
+        self.encode_memo(&text[start..], &mut memo, &mut out);
         out
+    }
+
+    /// One segment between added tokens, whole from the segment cache when it is long and
+    /// was seen before.
+    fn encode_memo(&self, seg: &str, memo: &mut Memo, out: &mut Vec<u32>) {
+        if seg.len() < SEGMENT_MIN_BYTES {
+            return self.encode_segment(seg, &mut memo.words, out);
+        }
+        if let Some(ids) = memo.segments.get(seg) {
+            out.extend_from_slice(ids);
+            return;
+        }
+        let from = out.len();
+        self.encode_segment(seg, &mut memo.words, out);
+        let ids = out.get(from..).unwrap_or_default();
+        let cost = seg.len() + 4 * ids.len();
+        if cost > SEGMENT_BUDGET / 4 {
+            return; // one huge prompt must not flush everything else
+        }
+        if memo.segment_bytes + cost > SEGMENT_BUDGET {
+            memo.segments.clear();
+            memo.segment_bytes = 0;
+        }
+        memo.segments.insert(seg.into(), ids.into());
+        memo.segment_bytes += cost;
     }
 
     fn encode_segment(&self, seg: &str, cache: &mut FastMap<String, Vec<u32>>, out: &mut Vec<u32>) {

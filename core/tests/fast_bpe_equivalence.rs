@@ -182,3 +182,31 @@ fn random_ascii_heavy_strings_match() {
     let alphabet: Vec<&str> = alphabet.iter().map(String::as_str).collect();
     check_random(&t, &alphabet, 0x0bad_cafe_dead_beef, 20);
 }
+
+/// Long segments between special tokens are reused whole from the segment cache: the same
+/// segment in other surroundings, again and again, and past the cache's budget (it is
+/// cleared and refilled) must still give the reference ids.
+#[test]
+fn repeated_long_segments_match() {
+    let t = tokenizer();
+    let system = "You are the on-call assistant for the payments platform. ".repeat(12);
+    let turns: Vec<String> = (0..6)
+        .map(|i| format!("Turn {i}: the error rate is {i}.5% in eu-west-{i}; what now? ").repeat(6))
+        .collect();
+    for _ in 0..2 {
+        let mut chat = format!("<|im_start|>system\n{system}<|im_end|>\n");
+        for turn in &turns {
+            chat.push_str(&format!("<|im_start|>user\n{turn}<|im_end|>\n"));
+            check(&t, &format!("{chat}<|im_start|>assistant\n"));
+        }
+        // the same text as a bare prompt, and glued to other text (a different segment)
+        check(&t, &system);
+        check(&t, &format!("{system}{}", turns[0]));
+        check(&t, &format!("x{system}"));
+    }
+    // unique long segments beyond the budget: the cache is cleared and refilled
+    let text = "check the service logs before restarting any node ".repeat(80);
+    for i in 0..1300 {
+        check(&t, &format!("{i} {text}<|im_end|>{text}"));
+    }
+}
