@@ -9,6 +9,13 @@ use std::path::Path;
 #[derive(Debug, Serialize)]
 pub struct OverheadRow {
     pub prompt_tokens: usize,
+    /// every request sends the same prompt (the filter's hit path, segment cache warm);
+    /// otherwise each is made unique by a leading counter (full work: tokenize, table writes)
+    pub repeated: bool,
+    /// one connection, no queueing: the latency the filter adds to a single request
+    pub unloaded_without_filter: LoadResult,
+    pub unloaded_with_filter: LoadResult,
+    pub added_p50_unloaded_ms: f64,
     pub without_filter: LoadResult,
     pub with_filter: LoadResult,
     pub added_p50_ms: f64,
@@ -48,10 +55,11 @@ fn rss_mb(pid: Option<u32>) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// `texts`: (token count, prompt text) pairs. Every request is made unique by a leading
-/// counter, so the filter always does its full work (tokenize, hash, table writes).
+/// `cases`: (token count, prompt text, repeated). Unless `repeated`, every request is made
+/// unique by a leading counter, so the filter always does its full work (tokenize, hash,
+/// table writes). Each case is measured saturated (`connections`) and unloaded (one).
 pub fn run(
-    texts: &[(usize, String)],
+    cases: &[(usize, String, bool)],
     seconds: u32,
     connections: u32,
     out: &Path,
@@ -83,8 +91,12 @@ pub fn run(
         &dir,
     )?;
     let mut rows = Vec::new();
-    for (tokens, text) in texts {
-        let body = format!("'{{\"prompt\":\"' .. n .. ' {text}\",\"max_tokens\":1}}'");
+    for (tokens, text, repeated) in cases {
+        let body = if *repeated {
+            format!("'{{\"prompt\":\"{text}\",\"max_tokens\":1}}'")
+        } else {
+            format!("'{{\"prompt\":\"' .. n .. ' {text}\",\"max_tokens\":1}}'")
+        };
         let url_plain = plain.url("/v1/completions");
         let url_filter = filtered.url("/v1/completions");
         // warm both paths
@@ -92,13 +104,21 @@ pub fn run(
         wrk::run(&url_filter, &body, 2, 1, &dir)?;
         let without_filter = wrk::run(&url_plain, &body, connections, seconds, &dir)?;
         let with_filter = wrk::run(&url_filter, &body, connections, seconds, &dir)?;
+        // right after the saturated run, so Envoy's last stats interval is that load's
         let stats = crate::cluster::client()
             .get(filtered.admin_url("/stats?filter=prefix_router_(route|tokenize)_us$"))
             .send()
             .and_then(|r| r.text())
             .unwrap_or_default();
+        let quiet = (seconds / 2).max(2);
+        let unloaded_without_filter = wrk::run(&url_plain, &body, 1, quiet, &dir)?;
+        let unloaded_with_filter = wrk::run(&url_filter, &body, 1, quiet, &dir)?;
         rows.push(OverheadRow {
             prompt_tokens: *tokens,
+            repeated: *repeated,
+            added_p50_unloaded_ms: unloaded_with_filter.p50_ms - unloaded_without_filter.p50_ms,
+            unloaded_without_filter,
+            unloaded_with_filter,
             added_p50_ms: with_filter.p50_ms - without_filter.p50_ms,
             added_p99_ms: with_filter.p99_ms - without_filter.p99_ms,
             rps_ratio: with_filter.requests_per_sec / without_filter.requests_per_sec.max(1e-9),
