@@ -118,10 +118,17 @@ impl Metrics {
         self.reasons[reason_index(reason)].inc(1);
     }
 
+    /// (Zero increments are skipped: each is a host call, and most requests change nothing.)
     pub fn table(&self, filled: u32, replaced: u32, conflicts: u32) {
-        self.table_entries.inc(filled.into());
-        self.table_replacements.inc(replaced.into());
-        self.table_conflicts.inc(conflicts.into());
+        for (id, n) in [
+            (&self.table_entries, filled),
+            (&self.table_replacements, replaced),
+            (&self.table_conflicts, conflicts),
+        ] {
+            if n > 0 {
+                id.inc(n.into());
+            }
+        }
     }
 
     pub fn rejected(&self) {

@@ -89,7 +89,7 @@ pub fn update_state<H: Host>(
     None
 }
 
-fn read_u64<H: Host>(host: &H, key: &str) -> (u64, Option<u32>) {
+pub(crate) fn read_u64<H: Host>(host: &H, key: &str) -> (u64, Option<u32>) {
     match host.shared_get(key) {
         Some((v, cas)) => {
             let n = v

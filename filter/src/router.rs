@@ -5,13 +5,13 @@
 
 use crate::host::Host;
 use crate::ownership::{OwnershipTable, RecordStats};
-use crate::pods::{add_inflight, inflight, load_of, read_state, Keys, PodState};
+use crate::pods::{add_inflight, load_of, read_u64, Keys, PodState};
 use prefix_core::policy::{decide, Decision, Inputs, PodLoad, Policy, Reason};
 use prefix_core::request::{parse_request, Endpoint};
 use prefix_core::router_config::RouterConfig;
 use prefix_core::table::TableLayout;
 use prefix_core::{ApiError, BlockHash, ModelBundle};
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 
 /// Everything a worker's requests share: built once per VM in `on_configure`.
 pub struct Router {
@@ -20,6 +20,12 @@ pub struct Router {
     pub bundle: Option<ModelBundle>,
     pub layout: TableLayout,
     pub keys: Keys,
+    /// Per pod: its state key and in-flight key (built once, read on every request).
+    pod_keys: Vec<(String, String)>,
+    /// Per pod: the last parsed state and the CAS token of the value it came from. A state
+    /// changes only when the poller or a failed response writes it, so most requests find
+    /// the same token and skip the JSON parse.
+    parsed: RefCell<Vec<Option<(u32, PodState)>>>,
     counter: Cell<u64>,
     rng: Cell<u64>,
 }
@@ -48,8 +54,16 @@ impl Router {
             config.model_name, config.block_size
         );
         let layout = TableLayout::new(&format!("{namespace}/table"), config.table_capacity);
+        let keys = Keys::new(&namespace);
+        let pod_keys = config
+            .pods
+            .iter()
+            .map(|p| (keys.state(p), keys.inflight(p)))
+            .collect();
         Router {
-            keys: Keys::new(&namespace),
+            parsed: RefCell::new(vec![None; config.pods.len()]),
+            pod_keys,
+            keys,
             config,
             bundle,
             layout,
@@ -81,17 +95,24 @@ impl Router {
 
     /// Every pod's state and routing view.
     pub fn pod_views<H: Host>(&self, host: &H) -> (Vec<PodState>, Vec<PodLoad>) {
-        let states: Vec<PodState> = self
-            .config
-            .pods
-            .iter()
-            .map(|p| read_state(host, &self.keys, p).0)
-            .collect();
-        let loads = states
-            .iter()
-            .zip(&self.config.pods)
-            .map(|(st, p)| load_of(st, inflight(host, &self.keys, p)))
-            .collect();
+        let mut parsed = self.parsed.borrow_mut();
+        let mut states = Vec::with_capacity(self.pod_keys.len());
+        let mut loads = Vec::with_capacity(self.pod_keys.len());
+        for (i, (state_key, inflight_key)) in self.pod_keys.iter().enumerate() {
+            let st = match (host.shared_get(state_key), parsed.get_mut(i)) {
+                (Some((_, Some(cas))), Some(Some((seen, st)))) if *seen == cas => st.clone(),
+                (Some((v, cas)), slot) => {
+                    let st: PodState = serde_json::from_slice(&v).unwrap_or_default();
+                    if let (Some(cas), Some(slot)) = (cas, slot) {
+                        *slot = Some((cas, st.clone()));
+                    }
+                    st
+                }
+                (None, _) => PodState::default(),
+            };
+            loads.push(load_of(&st, read_u64(host, inflight_key).0));
+            states.push(st);
+        }
         (states, loads)
     }
 
@@ -229,6 +250,28 @@ mod tests {
         serde_json::json!({ "prompt": prompt })
             .to_string()
             .into_bytes()
+    }
+
+    #[test]
+    fn pod_views_see_every_state_change() {
+        let host = FakeHost::default();
+        let r = router(None);
+        let (states, _) = r.pod_views(&host);
+        assert!(states.iter().all(|s| s.healthy && s.generation == 0));
+        for round in 1..=3u64 {
+            crate::pods::update_state(&host, &r.keys, r.pod(1), |s| {
+                s.generation = round;
+                s.waiting = round as u32;
+            })
+            .unwrap();
+            // read twice: the second read reuses the parse, and must agree
+            for _ in 0..2 {
+                let (states, loads) = r.pod_views(&host);
+                assert_eq!(states[1].generation, round);
+                assert_eq!(loads[1].waiting, round as u32);
+                assert_eq!(states[0].generation, 0);
+            }
+        }
     }
 
     #[test]
