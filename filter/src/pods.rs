@@ -61,10 +61,15 @@ impl Keys {
     }
 }
 
-/// Reads a pod's state (default: healthy, generation 0, when never written or unreadable).
+/// A stored state value (default: healthy, generation 0, when unreadable).
+pub fn parse_state(v: &[u8]) -> PodState {
+    serde_json::from_slice(v).unwrap_or_default()
+}
+
+/// Reads a pod's state (the default when never written or unreadable).
 pub fn read_state<H: Host>(host: &H, keys: &Keys, pod: &str) -> (PodState, Option<u32>) {
     match host.shared_get(&keys.state(pod)) {
-        Some((v, cas)) => (serde_json::from_slice(&v).unwrap_or_default(), cas),
+        Some((v, cas)) => (parse_state(&v), cas),
         None => (PodState::default(), None),
     }
 }

@@ -5,7 +5,7 @@
 
 use crate::host::Host;
 use crate::ownership::{OwnershipTable, RecordStats};
-use crate::pods::{add_inflight, load_of, read_u64, Keys, PodState};
+use crate::pods::{add_inflight, load_of, parse_state, read_u64, Keys, PodState};
 use prefix_core::policy::{decide, Decision, Inputs, PodLoad, Policy, Reason};
 use prefix_core::request::{parse_request, Endpoint};
 use prefix_core::router_config::RouterConfig;
@@ -102,7 +102,7 @@ impl Router {
             let st = match (host.shared_get(state_key), parsed.get_mut(i)) {
                 (Some((_, Some(cas))), Some(Some((seen, st)))) if *seen == cas => st.clone(),
                 (Some((v, cas)), slot) => {
-                    let st: PodState = serde_json::from_slice(&v).unwrap_or_default();
+                    let st = parse_state(&v);
                     if let (Some(cas), Some(slot)) = (cas, slot) {
                         *slot = Some((cas, st.clone()));
                     }
