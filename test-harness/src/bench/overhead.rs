@@ -22,7 +22,8 @@ pub struct OverheadRow {
     pub added_p99_ms: f64,
     pub rps_ratio: f64,
     /// Time spent inside the filter per request under this load, from its own histograms
-    /// (Envoy's last stats-flush interval, so only this prompt size): p50 / p99 in µs.
+    /// (Envoy's last 5 s stats-flush interval: with runs of 5 s or more, only this prompt
+    /// size; shorter runs may mix in the previous size's last requests): p50 / p99 in µs.
     pub filter_route_us: Option<(f64, f64)>,
     /// …of which parse + render + tokenize + hash.
     pub filter_tokenize_us: Option<(f64, f64)>,
@@ -158,12 +159,7 @@ fn interval_p50_p99(stats: &str, name: &str) -> Option<(f64, f64)> {
     })?;
     let interval = |q: &str| -> Option<f64> {
         let rest = line.split_whitespace().find_map(|w| w.strip_prefix(q))?;
-        let v: f64 = rest
-            .trim_start_matches('(')
-            .split(',')
-            .next()?
-            .parse()
-            .ok()?;
+        let v: f64 = rest.split(',').next()?.parse().ok()?;
         v.is_finite().then_some(v)
     };
     Some((interval("P50(")?, interval("P99(")?))
