@@ -6,8 +6,8 @@
 //! per-call bookkeeping. Here added tokens are found in one Aho-Corasick scan, the split is
 //! decided by hand for ASCII text (the `regex` crate's automata only where a non-ASCII
 //! character is involved), the single look-ahead alternative (`\s+(?!\S)`) is applied by
-//! hand, and each split word's BPE result is cached (long segments between added tokens too, whole). Only the tokenizer shapes checked in
-//! [`FastBpe::from_json`] are handled; anything
+//! hand, and each split word's BPE result is cached (long segments between added tokens too,
+//! whole). Only the tokenizer shapes checked in [`FastBpe::from_json`] are handled; anything
 //! else returns `None` and the caller keeps using the `tokenizers` crate. Equivalence is tested
 //! against the `tokenizers` crate on the real vocabulary (`core/tests/fast_bpe_equivalence.rs`).
 

@@ -121,10 +121,15 @@ impl<'a, H: Host> OwnershipTable<'a, H> {
             // the first attempt may use this decision's earlier read; a lost race re-reads
             let mut outcome = SetOutcome::Failed;
             for attempt in 0..2 {
+                let earlier = if attempt == 0 {
+                    self.seen.borrow().get(&b).cloned()
+                } else {
+                    None
+                };
                 // a key that did not exist cannot be written with compare-and-swap (Envoy
                 // inserts last-writer-wins), so only an existing bucket's read is reused
-                let (mut ways, cas) = match self.read(b) {
-                    (ways, Some(cas)) if attempt == 0 => (ways, Some(cas)),
+                let (mut ways, cas) = match earlier {
+                    Some((ways, Some(cas))) => (ways, Some(cas)),
                     _ => self.fetch(b),
                 };
                 let i = pick_way(h, pod, [ways[0].as_ref(), ways[1].as_ref()]);
@@ -269,6 +274,15 @@ mod tests {
         assert!(hs.iter().all(|&h| other.owners(h)[1].is_none()));
         assert_eq!(other.record(&hs, "127.0.0.1:2", 0).written, 16);
         assert_eq!((host.gets.get(), host.sets.get()), (64, 32));
+        // recording without a lookup (the poller applying events): one read per block
+        let fresh: Vec<BlockHash> = (17..=24).map(|i| BlockHash(i * 0x9E37_79B9)).collect();
+        assert_eq!(
+            OwnershipTable::new(&host, &layout)
+                .record(&fresh, "127.0.0.1:1", 0)
+                .written,
+            8
+        );
+        assert_eq!((host.gets.get(), host.sets.get()), (72, 40));
     }
 
     #[test]
