@@ -5,6 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+disk() { echo "== disk: target/ $(du -sh target 2>/dev/null | cut -f1), free $(df -h --output=avail . | tail -1 | tr -d ' ')"; }
+disk
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy -D warnings"
@@ -18,9 +20,13 @@ CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS='--cfg getrandom_backend="custom"'
 echo "== build binaries the real-process tests start (model-server, wasm filter)"
 cargo build -q -p model-server --bins
 scripts/build-filter.sh
+disk
 echo "== tests"
+status=0
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --workspace --no-fail-fast
+  cargo nextest run --workspace --no-fail-fast || status=$?
 else
-  cargo test --workspace --no-fail-fast
+  cargo test --workspace --no-fail-fast || status=$?
 fi
+disk
+exit "$status"
