@@ -40,6 +40,9 @@ struct Args {
     /// Requests per workload × policy run (default 24 quick, 150 full).
     #[arg(long)]
     requests: Option<usize>,
+    /// Requests of the closed-loop shared-prefix run (default 64 quick, 1000 full).
+    #[arg(long)]
+    saturated_requests: Option<usize>,
     /// Offered load, requests per second (Poisson arrivals).
     #[arg(long, default_value_t = 8.0)]
     rate: f64,
@@ -104,7 +107,9 @@ fn main() -> anyhow::Result<()> {
         let saturation = Saturation {
             concurrency: a.pods * costs.max_num_seqs,
             tenants: 16,
-            requests: if a.quick { 64 } else { 300 },
+            requests: a
+                .saturated_requests
+                .unwrap_or(if a.quick { 64 } else { 1000 }),
             cache_blocks: 256,
         };
         println!("== policies: {} sim pods, sim costs {costs:?}", a.pods);
