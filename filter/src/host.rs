@@ -93,4 +93,26 @@ pub mod fake {
             self.clock.get()
         }
     }
+
+    /// Counts host reads and writes (to prove how many host calls a path makes).
+    #[derive(Default)]
+    pub struct Counting {
+        pub inner: FakeHost,
+        pub gets: Cell<u32>,
+        pub sets: Cell<u32>,
+    }
+
+    impl Host for Counting {
+        fn shared_get(&self, k: &str) -> Option<(Vec<u8>, Option<u32>)> {
+            self.gets.set(self.gets.get() + 1);
+            self.inner.shared_get(k)
+        }
+        fn shared_set(&self, k: &str, v: &[u8], cas: Option<u32>) -> SetOutcome {
+            self.sets.set(self.sets.get() + 1);
+            self.inner.shared_set(k, v, cas)
+        }
+        fn now_nanos(&self) -> u64 {
+            self.inner.now_nanos()
+        }
+    }
 }

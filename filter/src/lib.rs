@@ -188,6 +188,8 @@ impl RootContext for RouterRoot {
             return; // another VM is the poller
         }
         let timeout = Duration::from_millis(router.config.poll_interval_ms.max(100));
+        let inflight =
+            pods::Inflight::read(&EnvoyHost, &router.inflight_key, router.config.pods.len());
         for (i, addr) in router.config.pods.iter().enumerate() {
             let (st, _) = pods::read_state(&EnvoyHost, &router.keys, addr);
             let lag_ms = if st.last_ok_ns == 0 {
@@ -195,12 +197,7 @@ impl RootContext for RouterRoot {
             } else {
                 now.saturating_sub(st.last_ok_ns) / 1_000_000
             };
-            self.metrics.pod(
-                i,
-                st.healthy,
-                pods::inflight(&EnvoyHost, &router.keys, addr),
-                lag_ms,
-            );
+            self.metrics.pod(i, st.healthy, inflight.of(i), lag_ms);
             if self.polls.borrow().values().any(|&p| p == i) {
                 continue; // the previous poll of this pod is still out
             }
@@ -404,7 +401,13 @@ impl HttpContext for RouterHttp {
         // The stream is over, however it ended: release the in-flight slot.
         if let (true, Some(router), Some(d)) = (self.counted, self.router.clone(), self.decision) {
             self.counted = false;
-            pods::add_inflight(&EnvoyHost, &router.keys, router.pod(d.pod), -1);
+            let n = router.config.pods.len();
+            pods::Inflight::read(&EnvoyHost, &router.inflight_key, n).add(
+                &EnvoyHost,
+                &router.inflight_key,
+                d.pod,
+                -1,
+            );
         }
     }
 }

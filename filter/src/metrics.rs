@@ -153,10 +153,10 @@ impl Metrics {
         self.polls_failed.inc(1);
     }
 
-    pub fn pod(&self, i: usize, healthy: bool, inflight: u64, lag_ms: u64) {
+    pub fn pod(&self, i: usize, healthy: bool, inflight: u32, lag_ms: u64) {
         if let Some(p) = self.pods.get(i) {
             p.healthy.set(u64::from(healthy));
-            p.inflight.set(inflight);
+            p.inflight.set(u64::from(inflight));
             p.event_lag_ms.set(lag_ms);
         }
     }

@@ -172,7 +172,7 @@ impl<'a, H: Host> OwnershipTable<'a, H> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::fake::FakeHost;
+    use crate::host::fake::{Counting, FakeHost};
 
     #[test]
     fn record_lookup_remove() {
@@ -229,27 +229,6 @@ mod tests {
             t.owner(key(999)).map(|e| e.pod).as_deref(),
             Some("127.0.0.1:1")
         );
-    }
-
-    /// Counts host reads and writes.
-    #[derive(Default)]
-    struct Counting {
-        inner: FakeHost,
-        gets: std::cell::Cell<u32>,
-        sets: std::cell::Cell<u32>,
-    }
-    impl Host for Counting {
-        fn shared_get(&self, k: &str) -> Option<(Vec<u8>, Option<u32>)> {
-            self.gets.set(self.gets.get() + 1);
-            self.inner.shared_get(k)
-        }
-        fn shared_set(&self, k: &str, v: &[u8], cas: Option<u32>) -> SetOutcome {
-            self.sets.set(self.sets.get() + 1);
-            self.inner.shared_set(k, v, cas)
-        }
-        fn now_nanos(&self) -> u64 {
-            self.inner.now_nanos()
-        }
     }
 
     #[test]

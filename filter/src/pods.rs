@@ -53,8 +53,17 @@ impl Keys {
     pub fn state(&self, pod: &str) -> String {
         format!("{}/pod/{pod}", self.ns)
     }
-    pub fn inflight(&self, pod: &str) -> String {
-        format!("{}/inflight/{pod}", self.ns)
+    /// Bumped after every pod-state write: a reader whose last look at it has the same CAS
+    /// token still holds every pod's current state, and need not read them again.
+    pub fn states_version(&self) -> String {
+        format!("{}/pod-states-version", self.ns)
+    }
+    /// Every pod's in-flight count, packed in one value (a u32 per pod, in `pods` order), so a
+    /// request reads the whole fleet's load with one host call. The key names the pod list:
+    /// plugins with other lists never read each other's counts.
+    pub fn inflight(&self, pods: &[String]) -> String {
+        let list = xxhash_rust::xxh3::xxh3_64(pods.join(",").as_bytes());
+        format!("{}/inflight/{list:016x}", self.ns)
     }
     pub fn lease(&self) -> String {
         format!("{}/poller", self.ns)
@@ -86,7 +95,11 @@ pub fn update_state<H: Host>(
         f(&mut st);
         let bytes = serde_json::to_vec(&st).ok()?;
         match host.shared_set(&keys.state(pod), &bytes, cas) {
-            SetOutcome::Written => return Some(st),
+            SetOutcome::Written => {
+                // after the state: whoever sees the new version reads the new state
+                host.shared_set(&keys.states_version(), b"v", None);
+                return Some(st);
+            }
             SetOutcome::CasMismatch => continue,
             SetOutcome::Failed => return None,
         }
@@ -94,45 +107,57 @@ pub fn update_state<H: Host>(
     None
 }
 
-pub(crate) fn read_u64<H: Host>(host: &H, key: &str) -> (u64, Option<u32>) {
-    match host.shared_get(key) {
-        Some((v, cas)) => {
-            let n = v
-                .get(..8)
-                .and_then(|b| b.try_into().ok())
-                .map(u64::from_le_bytes)
-                .unwrap_or(0);
-            (n, cas)
-        }
-        None => (0, None),
-    }
+/// The fleet's in-flight counts as one stored value read: a count per pod and the value's
+/// CAS token (`None` when never written).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Inflight {
+    pub counts: Vec<u32>,
+    pub cas: Option<u32>,
 }
 
-/// Requests this router fleet has in flight on `pod`.
-pub fn inflight<H: Host>(host: &H, keys: &Keys, pod: &str) -> u64 {
-    read_u64(host, &keys.inflight(pod)).0
-}
-
-/// Adds `delta` to the in-flight counter (never below 0); returns the new value.
-pub fn add_inflight<H: Host>(host: &H, keys: &Keys, pod: &str, delta: i64) -> Option<u64> {
-    let key = keys.inflight(pod);
-    for _ in 0..8 {
-        let (n, cas) = read_u64(host, &key);
-        let next = n.saturating_add_signed(delta);
-        match host.shared_set(&key, &next.to_le_bytes(), cas) {
-            SetOutcome::Written => return Some(next),
-            SetOutcome::CasMismatch => continue,
-            SetOutcome::Failed => return None,
-        }
+impl Inflight {
+    /// Reads the packed counts of `pods` pods (zeros for a missing or short value).
+    pub fn read<H: Host>(host: &H, key: &str, pods: usize) -> Inflight {
+        let (v, cas) = host.shared_get(key).unwrap_or_default();
+        let counts = (0..pods)
+            .map(|i| {
+                v.get(i * 4..i * 4 + 4)
+                    .and_then(|b| b.try_into().ok())
+                    .map(u32::from_le_bytes)
+                    .unwrap_or(0)
+            })
+            .collect();
+        Inflight { counts, cas }
     }
-    None
+
+    /// In-flight count of pod `i` (0 if out of range).
+    pub fn of(&self, i: usize) -> u32 {
+        self.counts.get(i).copied().unwrap_or(0)
+    }
+
+    /// Adds `delta` to pod `pod`'s count (never below 0) with compare-and-swap against this
+    /// read, re-reading after a lost race (a few times). Returns the pod's new count.
+    pub fn add<H: Host>(mut self, host: &H, key: &str, pod: usize, delta: i32) -> Option<u32> {
+        for _ in 0..8 {
+            let slot = self.counts.get_mut(pod)?;
+            *slot = slot.saturating_add_signed(delta);
+            let next = *slot;
+            let bytes: Vec<u8> = self.counts.iter().flat_map(|c| c.to_le_bytes()).collect();
+            match host.shared_set(key, &bytes, self.cas) {
+                SetOutcome::Written => return Some(next),
+                SetOutcome::CasMismatch => self = Inflight::read(host, key, self.counts.len()),
+                SetOutcome::Failed => return None,
+            }
+        }
+        None
+    }
 }
 
 /// The routing view of a pod.
-pub fn load_of(st: &PodState, inflight: u64) -> PodLoad {
+pub fn load_of(st: &PodState, inflight: u32) -> PodLoad {
     PodLoad {
         healthy: st.healthy,
-        inflight: u32::try_from(inflight).unwrap_or(u32::MAX),
+        inflight,
         waiting: st.waiting,
         kv_cache_usage: st.kv_cache_usage,
     }
@@ -187,12 +212,38 @@ mod tests {
     #[test]
     fn inflight_counts_and_floors_at_zero() {
         let h = FakeHost::default();
+        let key = Keys::new("ns").inflight(&["a".into(), "b".into(), "c".into()]);
+        let add = |pod, delta| Inflight::read(&h, &key, 3).add(&h, &key, pod, delta);
+        assert_eq!(add(1, 1), Some(1));
+        assert_eq!(add(1, 1), Some(2));
+        assert_eq!(add(2, 1), Some(1));
+        assert_eq!(add(1, -1), Some(1));
+        assert_eq!(add(2, -5), Some(0));
+        assert_eq!(add(3, 1), None, "no such pod");
+        assert_eq!(Inflight::read(&h, &key, 3).counts, vec![0, 1, 0]);
+    }
+
+    #[test]
+    fn inflight_update_survives_a_lost_race() {
+        let h = FakeHost::default();
+        let key = Keys::new("ns").inflight(&["a".into(), "b".into()]);
+        Inflight::read(&h, &key, 2).add(&h, &key, 0, 0).unwrap(); // the key exists
+        let stale = Inflight::read(&h, &key, 2);
+        // another worker counts a request on pod 0 after our read
+        Inflight::read(&h, &key, 2).add(&h, &key, 0, 1).unwrap();
+        assert_eq!(stale.add(&h, &key, 1, 1), Some(1));
+        assert_eq!(
+            Inflight::read(&h, &key, 2).counts,
+            vec![1, 1],
+            "nothing lost"
+        );
+    }
+
+    #[test]
+    fn inflight_keys_name_the_pod_list() {
         let k = Keys::new("ns");
-        assert_eq!(add_inflight(&h, &k, "p", 1), Some(1));
-        assert_eq!(add_inflight(&h, &k, "p", 1), Some(2));
-        assert_eq!(add_inflight(&h, &k, "p", -1), Some(1));
-        assert_eq!(add_inflight(&h, &k, "p", -5), Some(0));
-        assert_eq!(inflight(&h, &k, "p"), 0);
+        assert_ne!(k.inflight(&["a".into()]), k.inflight(&["b".into()]));
+        assert_eq!(k.inflight(&["a".into()]), k.inflight(&["a".into()]));
     }
 
     #[test]

@@ -5,7 +5,7 @@
 
 use crate::host::Host;
 use crate::ownership::{OwnershipTable, RecordStats};
-use crate::pods::{add_inflight, load_of, parse_state, read_u64, Keys, PodState};
+use crate::pods::{load_of, parse_state, Inflight, Keys, PodState};
 use prefix_core::policy::{decide, Decision, Inputs, PodLoad, Policy, Reason};
 use prefix_core::request::{parse_request, Endpoint};
 use prefix_core::router_config::RouterConfig;
@@ -20,14 +20,23 @@ pub struct Router {
     pub bundle: Option<ModelBundle>,
     pub layout: TableLayout,
     pub keys: Keys,
-    /// Per pod: its state key and in-flight key (built once, read on every request).
-    pod_keys: Vec<(String, String)>,
-    /// Per pod: the last parsed state and the CAS token of the value it came from. A state
-    /// changes only when the poller or a failed response writes it, so most requests find
-    /// the same token and skip the JSON parse.
-    parsed: RefCell<Vec<Option<(u32, PodState)>>>,
+    /// Per pod: its state key (built once).
+    state_keys: Vec<String>,
+    /// The fleet's packed in-flight counts.
+    pub inflight_key: String,
+    /// Every pod's state as last read, under the CAS token of the states-version key at that
+    /// read. States change only when the poller or a failed response writes them (and bump
+    /// the version), so most requests read one key instead of one per pod.
+    states: RefCell<Option<(u32, Vec<PodState>)>>,
     counter: Cell<u64>,
     rng: Cell<u64>,
+}
+
+/// What one request knows about the pods: their states, loads, and the in-flight counts read.
+pub struct Fleet {
+    pub states: Vec<PodState>,
+    pub loads: Vec<PodLoad>,
+    pub inflight: Inflight,
 }
 
 /// The outcome for one inference request.
@@ -55,14 +64,10 @@ impl Router {
         );
         let layout = TableLayout::new(&format!("{namespace}/table"), config.table_capacity);
         let keys = Keys::new(&namespace);
-        let pod_keys = config
-            .pods
-            .iter()
-            .map(|p| (keys.state(p), keys.inflight(p)))
-            .collect();
         Router {
-            parsed: RefCell::new(vec![None; config.pods.len()]),
-            pod_keys,
+            state_keys: config.pods.iter().map(|p| keys.state(p)).collect(),
+            inflight_key: keys.inflight(&config.pods),
+            states: RefCell::new(None),
             keys,
             config,
             bundle,
@@ -93,27 +98,36 @@ impl Router {
         x.wrapping_mul(0x2545_F491_4F6C_DD1D)
     }
 
-    /// Every pod's state and routing view.
-    pub fn pod_views<H: Host>(&self, host: &H) -> (Vec<PodState>, Vec<PodLoad>) {
-        let mut parsed = self.parsed.borrow_mut();
-        let mut states = Vec::with_capacity(self.pod_keys.len());
-        let mut loads = Vec::with_capacity(self.pod_keys.len());
-        for (i, (state_key, inflight_key)) in self.pod_keys.iter().enumerate() {
-            let st = match (host.shared_get(state_key), parsed.get_mut(i)) {
-                (Some((_, Some(cas))), Some(Some((seen, st)))) if *seen == cas => st.clone(),
-                (Some((v, cas)), slot) => {
-                    let st = parse_state(&v);
-                    if let (Some(cas), Some(slot)) = (cas, slot) {
-                        *slot = Some((cas, st.clone()));
-                    }
-                    st
-                }
-                (None, _) => PodState::default(),
-            };
-            loads.push(load_of(&st, read_u64(host, inflight_key).0));
-            states.push(st);
+    /// Every pod's state and in-flight count, and its routing view.
+    pub fn fleet<H: Host>(&self, host: &H) -> Fleet {
+        let version = host
+            .shared_get(&self.keys.states_version())
+            .and_then(|(_, cas)| cas);
+        let mut cached = self.states.borrow_mut();
+        let states = match (version, cached.as_ref()) {
+            (Some(v), Some((seen, states))) if *seen == v => states.clone(),
+            _ => {
+                let states: Vec<PodState> = self
+                    .state_keys
+                    .iter()
+                    .map(|k| host.shared_get(k).map(|(v, _)| parse_state(&v)))
+                    .map(Option::unwrap_or_default)
+                    .collect();
+                *cached = version.map(|v| (v, states.clone()));
+                states
+            }
+        };
+        let inflight = Inflight::read(host, &self.inflight_key, states.len());
+        let loads = states
+            .iter()
+            .enumerate()
+            .map(|(i, st)| load_of(st, inflight.of(i)))
+            .collect();
+        Fleet {
+            states,
+            loads,
+            inflight,
         }
-        (states, loads)
     }
 
     fn choose<H: Host>(
@@ -121,15 +135,14 @@ impl Router {
         table: &OwnershipTable<'_, H>,
         policy: Policy,
         hashes: &[BlockHash],
-        states: &[PodState],
-        loads: &[PodLoad],
+        fleet: &Fleet,
     ) -> Option<Decision> {
         let pods = &self.config.pods;
         let input = Inputs {
             policy,
             weights: &self.config.weights,
             pods,
-            loads,
+            loads: &fleet.loads,
             hashes,
             counter: self.next_counter(),
             random: self.next_random(),
@@ -139,7 +152,7 @@ impl Router {
                 let e = e?;
                 let i = pods.iter().position(|p| *p == e.pod)?;
                 // only entries of the pod's current cache generation are live
-                (states.get(i)?.generation == e.generation).then_some(i)
+                (fleet.states.get(i)?.generation == e.generation).then_some(i)
             })
         })
     }
@@ -147,9 +160,9 @@ impl Router {
     /// Plain balancing (least loaded among healthy pods, rotating among equals), e.g. for
     /// `/v1/models` or when the router cannot read the prompt.
     pub fn plain<H: Host>(&self, host: &H, reason: Reason) -> Decision {
-        let (states, loads) = self.pod_views(host);
+        let fleet = self.fleet(host);
         let table = OwnershipTable::new(host, &self.layout);
-        let d = self.choose(&table, Policy::LeastLoaded, &[], &states, &loads);
+        let d = self.choose(&table, Policy::LeastLoaded, &[], &fleet);
         Decision {
             pod: d.map(|d| d.pod).unwrap_or(0),
             reason,
@@ -181,18 +194,21 @@ impl Router {
         let started = host.now_nanos();
         let prompt = bundle.prepare(&req)?;
         let prepare_us = host.now_nanos().saturating_sub(started) / 1_000;
-        let (states, loads) = self.pod_views(host);
+        let fleet = self.fleet(host);
         // one table for lookup and record, so the buckets the lookup read are not read again
         let owners = OwnershipTable::new(host, &self.layout);
-        let Some(decision) =
-            self.choose(&owners, self.config.policy, &prompt.hashes, &states, &loads)
+        let Some(decision) = self.choose(&owners, self.config.policy, &prompt.hashes, &fleet)
         else {
             return Ok(fallback(self));
         };
         let pod = self.pod(decision.pod);
-        let generation = states.get(decision.pod).map(|s| s.generation).unwrap_or(0);
-        let table = owners.record(&prompt.hashes, pod, generation);
-        let counted = add_inflight(host, &self.keys, pod, 1).is_some();
+        let generation = fleet.states.get(decision.pod).map(|s| s.generation);
+        let table = owners.record(&prompt.hashes, pod, generation.unwrap_or(0));
+        // the in-flight read above is usually still current: one write, no second read
+        let counted = fleet
+            .inflight
+            .add(host, &self.inflight_key, decision.pod, 1)
+            .is_some();
         Ok(Routed {
             decision,
             table,
@@ -242,7 +258,9 @@ mod tests {
     /// The request finished: release its in-flight slot, as the filter does in `on_log`.
     fn done(r: &Router, host: &FakeHost, routed: &Routed) {
         if routed.counted {
-            crate::pods::add_inflight(host, &r.keys, r.pod(routed.decision.pod), -1);
+            Inflight::read(host, &r.inflight_key, 3)
+                .add(host, &r.inflight_key, routed.decision.pod, -1)
+                .unwrap();
         }
     }
 
@@ -253,10 +271,10 @@ mod tests {
     }
 
     #[test]
-    fn pod_views_see_every_state_change() {
+    fn fleet_sees_every_state_change() {
         let host = FakeHost::default();
         let r = router(None);
-        let (states, _) = r.pod_views(&host);
+        let states = r.fleet(&host).states;
         assert!(states.iter().all(|s| s.healthy && s.generation == 0));
         for round in 1..=3u64 {
             crate::pods::update_state(&host, &r.keys, r.pod(1), |s| {
@@ -266,12 +284,31 @@ mod tests {
             .unwrap();
             // read twice: the second read reuses the parse, and must agree
             for _ in 0..2 {
-                let (states, loads) = r.pod_views(&host);
+                let Fleet { states, loads, .. } = r.fleet(&host);
                 assert_eq!(states[1].generation, round);
                 assert_eq!(loads[1].waiting, round as u32);
                 assert_eq!(states[0].generation, 0);
             }
         }
+    }
+
+    #[test]
+    fn a_request_reads_the_fleet_in_two_host_calls() {
+        let host = crate::host::fake::Counting::default();
+        let r = router(None);
+        crate::poller::mark_down(&host, &r.keys, r.pod(2), 1).unwrap();
+        let first = r.fleet(&host);
+        assert!(!first.states[2].healthy);
+        host.gets.set(0);
+        // unchanged states: the version key and the packed in-flight counts, nothing else
+        let again = r.fleet(&host);
+        assert_eq!(host.gets.get(), 2);
+        assert_eq!(again.states, first.states);
+        // counting a request is then one write
+        host.sets.set(0);
+        assert_eq!(again.inflight.add(&host, &r.inflight_key, 1, 1), Some(1));
+        assert_eq!((host.gets.get(), host.sets.get()), (2, 1));
+        assert_eq!(r.fleet(&host).loads[1].inflight, 1);
     }
 
     #[test]
