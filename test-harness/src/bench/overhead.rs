@@ -1,4 +1,4 @@
-//! What the filter costs: the same Envoy with and without it in front of one zero-cost sim pod.
+//! What the filter costs: the same Envoy with and without it in front of zero-cost sim pods.
 
 use super::wrk::{self, LoadResult};
 use crate::cluster::{run_dir, start_envoy, start_pods};
@@ -61,13 +61,14 @@ fn rss_mb(pid: Option<u32>) -> f64 {
 /// table writes). Each case is measured saturated (`connections`) and unloaded (one).
 pub fn run(
     cases: &[(usize, String, bool)],
+    pods: usize,
     seconds: u32,
     connections: u32,
     out: &Path,
 ) -> anyhow::Result<(Vec<OverheadRow>, VmFootprint)> {
     let dir = run_dir("bench-overhead");
     let pods = start_pods(
-        1,
+        pods,
         &[
             &ZERO_COST[..],
             &[
@@ -82,7 +83,7 @@ pub fn run(
         .concat(),
         &dir,
     )?;
-    let addrs = vec![pods[0].addr.clone()];
+    let addrs: Vec<String> = pods.iter().map(|p| p.addr.clone()).collect();
     let plain = start_envoy("envoy-plain", &addrs, false, |_| {}, &dir)?;
     let filtered = start_envoy(
         "envoy-filter",

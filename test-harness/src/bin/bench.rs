@@ -37,6 +37,10 @@ struct Args {
     /// Sim pods behind Envoy.
     #[arg(long, default_value_t = 8)]
     pods: usize,
+    /// Zero-cost sim pods behind both Envoys of the filter-overhead run (the filter reads every
+    /// pod's load per request, so more pods cost it a little more).
+    #[arg(long, default_value_t = 1)]
+    overhead_pods: usize,
     /// Requests per workload × policy run (default 24 quick, 150 full).
     #[arg(long)]
     requests: Option<usize>,
@@ -172,7 +176,7 @@ fn main() -> anyhow::Result<()> {
         } else {
             a.seconds
         };
-        println!("== filter overhead: Envoy (--concurrency 2) with vs without the filter, one zero-cost pod, unique prompts, {seconds} s each");
+        println!("== filter overhead: Envoy (--concurrency 2) with vs without the filter, {} zero-cost pod(s), unique prompts, {seconds} s each", a.overhead_pods);
         let text_2k = micro::text_of(&bundle, 2048)?;
         let cases = vec![
             (128, micro::text_of(&bundle, 128)?, false),
@@ -180,7 +184,7 @@ fn main() -> anyhow::Result<()> {
             (8000, micro::text_of(&bundle, 8000)?, false),
             (2048, text_2k, true),
         ];
-        let (rows, vm) = overhead::run(&cases, seconds, a.connections, &a.out)?;
+        let (rows, vm) = overhead::run(&cases, a.overhead_pods, seconds, a.connections, &a.out)?;
         let label = |r: &overhead::OverheadRow| {
             format!(
                 "{}{}",
