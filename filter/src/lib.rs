@@ -79,6 +79,45 @@ struct RouterRoot {
     vm_id: u64,
     /// poll call token → pod index
     polls: RefCell<HashMap<u32, usize>>,
+    /// Per pod: pages fetched at once since the last tick (catching up is bounded per tick).
+    catch_up: RefCell<Vec<u32>>,
+}
+
+/// Pages of cache events a pod may be polled for right away, per tick, beyond the tick's own
+/// poll: enough to drain the server's whole bounded history (8 × 512 events) in one period.
+const CATCH_UP_PAGES: u32 = 8;
+
+impl RouterRoot {
+    /// Asks pod `i` for its cache events after `since` (answered in `on_http_call_response`).
+    fn poll(&self, router: &Router, i: usize, since: u64) {
+        let addr = router.pod(i);
+        let timeout = Duration::from_millis(router.config.poll_interval_ms.max(100));
+        let path = format!("/v1/cache/events?since={since}");
+        let headers = vec![
+            (":method", "GET"),
+            (":path", path.as_str()),
+            (":authority", addr),
+            (DESTINATION_HEADER, addr),
+        ];
+        match self.dispatch_http_call(&router.config.cluster, headers, None, vec![], timeout) {
+            Ok(token) => {
+                self.polls.borrow_mut().insert(token, i);
+            }
+            Err(e) => {
+                self.metrics.poll_failed();
+                log::warn!(
+                    "prefix-router: cannot poll {addr} through cluster '{}': {e:?}",
+                    router.config.cluster
+                );
+                poller::apply_failure(
+                    &EnvoyHost,
+                    &router.keys,
+                    addr,
+                    router.config.down_after_failures,
+                );
+            }
+        }
+    }
 }
 
 impl Context for RouterRoot {
@@ -118,6 +157,14 @@ impl Context for RouterRoot {
                     );
                 }
                 self.metrics.events(a.stored, a.removed, a.new_generation);
+                if let Some(since) = a.again_since {
+                    let mut catch_up = self.catch_up.borrow_mut();
+                    if let Some(n) = catch_up.get_mut(pod).filter(|n| **n < CATCH_UP_PAGES) {
+                        *n += 1;
+                        drop(catch_up);
+                        self.poll(&router, pod, since);
+                    }
+                }
             }
             Err(e) => {
                 self.metrics.poll_failed();
@@ -187,7 +234,7 @@ impl RootContext for RouterRoot {
         ) {
             return; // another VM is the poller
         }
-        let timeout = Duration::from_millis(router.config.poll_interval_ms.max(100));
+        *self.catch_up.borrow_mut() = vec![0; router.config.pods.len()];
         let inflight =
             pods::Inflight::read(&EnvoyHost, &router.inflight_key, router.config.pods.len());
         for (i, addr) in router.config.pods.iter().enumerate() {
@@ -201,31 +248,7 @@ impl RootContext for RouterRoot {
             if self.polls.borrow().values().any(|&p| p == i) {
                 continue; // the previous poll of this pod is still out
             }
-            let path = format!("/v1/cache/events?since={}", st.seq);
-            let headers = vec![
-                (":method", "GET"),
-                (":path", path.as_str()),
-                (":authority", addr.as_str()),
-                (DESTINATION_HEADER, addr.as_str()),
-            ];
-            match self.dispatch_http_call(&router.config.cluster, headers, None, vec![], timeout) {
-                Ok(token) => {
-                    self.polls.borrow_mut().insert(token, i);
-                }
-                Err(e) => {
-                    self.metrics.poll_failed();
-                    log::warn!(
-                        "prefix-router: cannot poll {addr} through cluster '{}': {e:?}",
-                        router.config.cluster
-                    );
-                    poller::apply_failure(
-                        &EnvoyHost,
-                        &router.keys,
-                        addr,
-                        router.config.down_after_failures,
-                    );
-                }
-            }
+            self.poll(&router, i, st.seq);
         }
     }
 

@@ -29,6 +29,9 @@ struct Page {
     snapshot: Option<Vec<BlockHash>>,
     #[serde(default)]
     events: Vec<Event>,
+    /// The pod has more events than fit in one page.
+    #[serde(default)]
+    more: bool,
     #[serde(default)]
     load: Load,
 }
@@ -58,6 +61,10 @@ pub struct Applied {
     pub new_generation: bool,
     /// The pod came back from down.
     pub recovered: bool,
+    /// Poll again now, from this sequence number: the pod has more events waiting (a busy
+    /// pod can produce more than a page per poll period; waiting a whole period per page
+    /// would fall behind its bounded history and force a full resync).
+    pub again_since: Option<u64>,
 }
 
 fn next_generation(old: u64, salt: &str, seq: u64) -> u64 {
@@ -124,8 +131,11 @@ pub fn apply_success<H: Host>(
     })
     .ok_or_else(|| format!("could not update state of {pod}"))?;
     if out.new_generation && st.seq == 0 && before.epoch != page.epoch && !before.epoch.is_empty() {
-        return Ok(out); // restart: events come with the next poll
+        // restart: its events are read from the start, right away
+        out.again_since = Some(0);
+        return Ok(out);
     }
+    out.again_since = page.more.then_some(st.seq);
     if let Some(snapshot) = &page.snapshot {
         out.stored += table.record(snapshot, pod, st.generation).written;
     }
@@ -220,6 +230,7 @@ mod tests {
         // restart: new epoch → new generation, seq back to 0, old entries no longer match
         let a = apply_success(&host, &keys, &layout, POD, &page("e2", 1, json!([])), 20).unwrap();
         assert!(a.new_generation);
+        assert_eq!(a.again_since, Some(0), "a restarted pod is re-read at once");
         let (st, _) = read_state(&host, &keys, POD);
         assert_ne!(st.generation, first_generation);
         assert_eq!(st.seq, 0);
@@ -238,6 +249,22 @@ mod tests {
         assert!(read_state(&host, &keys, POD).0.healthy);
         assert!(!mark_down(&host, &keys, POD, 2).unwrap().healthy);
         assert!(apply_success(&host, &keys, &layout, POD, b"not json", 6).is_err());
+    }
+
+    #[test]
+    fn a_full_page_asks_for_the_next_at_once() {
+        let host = FakeHost::default();
+        let keys = Keys::new("ns");
+        let layout = TableLayout::new("ns/t", 64);
+        let stored = |seq: u64| json!({"seq": seq, "type": "BlockStored", "hashes": [BlockHash(seq).to_hex()]});
+        let body = |seq: u64, more: bool| {
+            json!({"epoch": "e", "seq": seq, "events": [stored(seq)], "more": more}).to_string()
+        };
+        let a = apply_success(&host, &keys, &layout, POD, body(1, true).as_bytes(), 1).unwrap();
+        assert_eq!(a.again_since, Some(1));
+        let a = apply_success(&host, &keys, &layout, POD, body(2, false).as_bytes(), 2).unwrap();
+        assert_eq!(a.again_since, None, "caught up: wait for the next tick");
+        assert_eq!(read_state(&host, &keys, POD).0.seq, 2);
     }
 
     #[test]

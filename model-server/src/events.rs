@@ -18,6 +18,18 @@ pub enum CacheEvent {
     AllCleared,
 }
 
+impl CacheEvent {
+    /// Block hashes the event carries.
+    fn hashes(&self) -> usize {
+        match self {
+            CacheEvent::BlockStored { hashes } | CacheEvent::BlockRemoved { hashes } => {
+                hashes.len()
+            }
+            CacheEvent::AllCleared => 0,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct SeqEvent {
     pub seq: u64,
@@ -49,8 +61,12 @@ pub struct EventLog {
     max_events: usize,
 }
 
-/// Events per page.
+/// Events per page…
 pub const PAGE: usize = 512;
+/// …and block hashes per page (a page holds at least one event, however large). A router
+/// applies a page in one go, so pages are bounded by the work they carry, not only by their
+/// event count: one stored 8k-token prompt is a single event with 62 hashes.
+pub const PAGE_HASHES: usize = 2048;
 
 impl EventLog {
     pub fn new(epoch: u64, max_events: usize) -> Self {
@@ -102,11 +118,17 @@ impl EventLog {
                 more: false,
             };
         }
+        let mut hashes = 0;
         let events: Vec<SeqEvent> = self
             .events
             .iter()
             .filter(|e| e.seq > since)
             .take(PAGE)
+            .take_while(|e| {
+                let first = hashes == 0;
+                hashes += e.event.hashes();
+                first || hashes <= PAGE_HASHES
+            })
             .cloned()
             .collect();
         let seq = events.last().map(|e| e.seq).unwrap_or(since);
@@ -157,5 +179,26 @@ mod tests {
         // from the future (another epoch) → snapshot
         assert!(log.since(99, Vec::new).reset);
         assert_eq!(p.epoch, "0000000000000007");
+    }
+
+    #[test]
+    fn pages_are_bounded_by_hashes_too() {
+        let mut log = EventLog::new(1, 100);
+        let big = |n: u64| CacheEvent::BlockStored {
+            hashes: (0..n).map(BlockHash).collect(),
+        };
+        log.push(big(PAGE_HASHES as u64 + 5)); // larger than a page on its own
+        log.push(big(1000));
+        log.push(big(1000));
+        log.push(big(1000));
+        let p = log.since(0, Vec::new);
+        assert_eq!(p.events.len(), 1, "an oversized event still makes progress");
+        assert!(p.more);
+        let p = log.since(1, Vec::new);
+        assert_eq!(p.events.len(), 2, "1000 + 1000 fit, a third would not");
+        assert_eq!(p.seq, 3);
+        assert!(p.more);
+        let p = log.since(3, Vec::new);
+        assert_eq!((p.events.len(), p.more), (1, false));
     }
 }
