@@ -215,7 +215,9 @@ impl RootContext for RouterRoot {
         if config.poll_interval_ms > 0 {
             self.set_tick_period(Duration::from_millis(config.poll_interval_ms));
         }
-        self.router = Some(Rc::new(Router::new(config, bundle, self.vm_id)));
+        let router = Router::new(config, bundle, self.vm_id);
+        pods::Inflight::create(&EnvoyHost, &router.inflight_key, router.config.pods.len());
+        self.router = Some(Rc::new(router));
         true
     }
 

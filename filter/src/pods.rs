@@ -130,6 +130,14 @@ impl Inflight {
         Inflight { counts, cas }
     }
 
+    /// Creates the packed counts (all zero) unless they exist: every later update is then a
+    /// compare-and-swap (Envoy inserts a missing key last-writer-wins, which could lose a count).
+    pub fn create<H: Host>(host: &H, key: &str, pods: usize) {
+        if host.shared_get(key).is_none() {
+            host.shared_set(key, &vec![0; pods * 4], None);
+        }
+    }
+
     /// In-flight count of pod `i` (0 if out of range).
     pub fn of(&self, i: usize) -> u32 {
         self.counts.get(i).copied().unwrap_or(0)
@@ -237,6 +245,21 @@ mod tests {
             vec![1, 1],
             "nothing lost"
         );
+    }
+
+    #[test]
+    fn created_counts_are_never_reset() {
+        let h = FakeHost::default();
+        let key = Keys::new("ns").inflight(&["a".into(), "b".into()]);
+        Inflight::create(&h, &key, 2);
+        let zero = Inflight::read(&h, &key, 2);
+        assert_eq!(
+            (zero.counts.clone(), zero.cas.is_some()),
+            (vec![0, 0], true)
+        );
+        zero.add(&h, &key, 1, 1).unwrap();
+        Inflight::create(&h, &key, 2); // another VM starting later
+        assert_eq!(Inflight::read(&h, &key, 2).counts, vec![0, 1]);
     }
 
     #[test]
