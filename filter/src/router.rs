@@ -12,6 +12,7 @@ use prefix_core::router_config::RouterConfig;
 use prefix_core::table::TableLayout;
 use prefix_core::{ApiError, BlockHash, ModelBundle};
 use std::cell::{Cell, RefCell};
+use std::rc::Rc;
 
 /// Everything a worker's requests share: built once per VM in `on_configure`.
 pub struct Router {
@@ -20,21 +21,22 @@ pub struct Router {
     pub bundle: Option<ModelBundle>,
     pub layout: TableLayout,
     pub keys: Keys,
-    /// Per pod: its state key (built once).
+    /// Per pod: its state key, and the key every state write bumps (built once).
     state_keys: Vec<String>,
+    states_version_key: String,
     /// The fleet's packed in-flight counts.
     pub inflight_key: String,
     /// Every pod's state as last read, under the CAS token of the states-version key at that
     /// read. States change only when the poller or a failed response writes them (and bump
     /// the version), so most requests read one key instead of one per pod.
-    states: RefCell<Option<(u32, Vec<PodState>)>>,
+    states: RefCell<Option<(u32, Rc<Vec<PodState>>)>>,
     counter: Cell<u64>,
     rng: Cell<u64>,
 }
 
 /// What one request knows about the pods: their states, loads, and the in-flight counts read.
 pub struct Fleet {
-    pub states: Vec<PodState>,
+    pub states: Rc<Vec<PodState>>,
     pub loads: Vec<PodLoad>,
     pub inflight: Inflight,
 }
@@ -66,6 +68,7 @@ impl Router {
         let keys = Keys::new(&namespace);
         Router {
             state_keys: config.pods.iter().map(|p| keys.state(p)).collect(),
+            states_version_key: keys.states_version(),
             inflight_key: keys.inflight(&config.pods),
             states: RefCell::new(None),
             keys,
@@ -101,19 +104,20 @@ impl Router {
     /// Every pod's state and in-flight count, and its routing view.
     pub fn fleet<H: Host>(&self, host: &H) -> Fleet {
         let version = host
-            .shared_get(&self.keys.states_version())
+            .shared_get(&self.states_version_key)
             .and_then(|(_, cas)| cas);
         let mut cached = self.states.borrow_mut();
         let states = match (version, cached.as_ref()) {
-            (Some(v), Some((seen, states))) if *seen == v => states.clone(),
+            (Some(v), Some((seen, states))) if *seen == v => Rc::clone(states),
             _ => {
-                let states: Vec<PodState> = self
-                    .state_keys
-                    .iter()
-                    .map(|k| host.shared_get(k).map(|(v, _)| parse_state(&v)))
-                    .map(Option::unwrap_or_default)
-                    .collect();
-                *cached = version.map(|v| (v, states.clone()));
+                let states: Rc<Vec<PodState>> = Rc::new(
+                    self.state_keys
+                        .iter()
+                        .map(|k| host.shared_get(k).map(|(v, _)| parse_state(&v)))
+                        .map(Option::unwrap_or_default)
+                        .collect(),
+                );
+                *cached = version.map(|v| (v, Rc::clone(&states)));
                 states
             }
         };
