@@ -66,24 +66,33 @@ fn healthy(http: &Client, url: &str) -> bool {
         .is_ok_and(|r| r.status().is_success())
 }
 
-/// Starts `n` pods named `pod-0..` with extra model-server flags, and waits for health.
+/// Starts `n` pods named `pod-0..` with extra model-server flags, and waits for health (all
+/// start at once, then each is waited for).
 pub fn start_pods(n: usize, extra_args: &[&str], dir: &Path) -> anyhow::Result<Vec<Pod>> {
     let bin = paths::model_server_bin();
     if !bin.is_file() {
         bail!("{} not built (cargo build -p model-server)", bin.display());
     }
     let http = client();
-    let mut pods = Vec::with_capacity(n);
-    for i in 0..n {
-        pods.push(start_pod(
-            &format!("pod-{i}"),
-            free_port()?,
-            extra_args,
-            dir,
-            &http,
-        )?);
+    // distinct ports: none is bound until the pods start, so the OS could hand one out twice
+    let mut ports: Vec<u16> = Vec::with_capacity(n);
+    for _ in 0..n * 10 {
+        if ports.len() == n {
+            break;
+        }
+        let p = free_port()?;
+        if !ports.contains(&p) {
+            ports.push(p);
+        }
     }
-    Ok(pods)
+    if ports.len() < n {
+        bail!("could not find {n} distinct free ports");
+    }
+    let mut starting = Vec::with_capacity(n);
+    for (i, port) in ports.into_iter().enumerate() {
+        starting.push(spawn_pod(&format!("pod-{i}"), port, extra_args, dir)?);
+    }
+    starting.into_iter().map(|pod| pod.ready(&http)).collect()
 }
 
 /// Starts one pod on `port` (used again to restart a pod on the same address).
@@ -94,20 +103,31 @@ pub fn start_pod(
     dir: &Path,
     http: &Client,
 ) -> anyhow::Result<Pod> {
+    spawn_pod(name, port, extra_args, dir)?.ready(http)
+}
+
+fn spawn_pod(name: &str, port: u16, extra_args: &[&str], dir: &Path) -> anyhow::Result<Pod> {
     let addr = format!("127.0.0.1:{port}");
     let mut cmd = Command::new(paths::model_server_bin());
     cmd.args(["--listen", &addr, "--pod-name", name])
         .args(extra_args);
-    let mut proc = Proc::spawn(name, cmd, dir)?;
-    let health = format!("http://{addr}/health");
-    wait_until(name, &mut proc, Duration::from_secs(30), || {
-        healthy(http, &health)
-    })?;
+    let proc = Proc::spawn(name, cmd, dir)?;
     Ok(Pod {
         name: name.to_owned(),
         addr,
         proc,
     })
+}
+
+impl Pod {
+    /// Waits until the pod answers `/health`.
+    fn ready(mut self, http: &Client) -> anyhow::Result<Pod> {
+        let health = format!("http://{}/health", self.addr);
+        wait_until(&self.name, &mut self.proc, Duration::from_secs(30), || {
+            healthy(http, &health)
+        })?;
+        Ok(self)
+    }
 }
 
 /// `envoy --mode validate` on a rendered config.
@@ -137,6 +157,30 @@ pub fn start_envoy(
     tweak: impl FnOnce(&mut EnvoySettings),
     dir: &Path,
 ) -> anyhow::Result<Envoy> {
+    launch_envoy(name, pods, wasm, tweak, dir, true)
+}
+
+/// [`start_envoy`] without `envoy --mode validate`, for the benchmarks: they start Envoy with
+/// the same template the tests validate, and validating compiles the wasm module and loads
+/// its tokenizer once more (about 3 s of a 2-core machine per start, a third of a short run).
+pub fn start_envoy_unvalidated(
+    name: &str,
+    pods: &[String],
+    wasm: bool,
+    tweak: impl FnOnce(&mut EnvoySettings),
+    dir: &Path,
+) -> anyhow::Result<Envoy> {
+    launch_envoy(name, pods, wasm, tweak, dir, false)
+}
+
+fn launch_envoy(
+    name: &str,
+    pods: &[String],
+    wasm: bool,
+    tweak: impl FnOnce(&mut EnvoySettings),
+    dir: &Path,
+    validate: bool,
+) -> anyhow::Result<Envoy> {
     let wasm_path = paths::wasm_path();
     if wasm && !wasm_path.is_file() {
         bail!(
@@ -157,7 +201,9 @@ pub fn start_envoy(
         &config_path,
         render(&settings, &paths::envoy_template_dir())?,
     )?;
-    validate_config(&config_path)?;
+    if validate {
+        validate_config(&config_path)?;
+    }
     let mut cmd = Command::new(paths::envoy_bin());
     cmd.arg("-c").arg(&config_path).args([
         "--concurrency",

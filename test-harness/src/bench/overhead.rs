@@ -1,7 +1,7 @@
 //! What the filter costs: the same Envoy with and without it in front of zero-cost sim pods.
 
 use super::wrk::{self, LoadResult};
-use crate::cluster::{run_dir, start_envoy, start_pods};
+use crate::cluster::{run_dir, start_envoy_unvalidated, start_pods};
 use crate::fleet::ZERO_COST;
 use serde::Serialize;
 use std::path::Path;
@@ -84,8 +84,8 @@ pub fn run(
         &dir,
     )?;
     let addrs: Vec<String> = pods.iter().map(|p| p.addr.clone()).collect();
-    let plain = start_envoy("envoy-plain", &addrs, false, |_| {}, &dir)?;
-    let filtered = start_envoy(
+    let plain = start_envoy_unvalidated("envoy-plain", &addrs, false, |_| {}, &dir)?;
+    let filtered = start_envoy_unvalidated(
         "envoy-filter",
         &addrs,
         true,

@@ -4,7 +4,7 @@
 use super::oracle::{oracle, Oracle};
 use super::replay::{quantile, replay, Arrivals, Outcome};
 use super::trace::{generate, write_jsonl, TraceParams, Workload};
-use crate::cluster::{client, pod_metric, run_dir, start_envoy, start_pods};
+use crate::cluster::{client, pod_metric, run_dir, start_envoy_unvalidated, start_pods};
 use prefix_core::ModelBundle;
 use serde::Serialize;
 use std::path::Path;
@@ -124,7 +124,7 @@ pub fn run_one(
     let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let fleet = start_pods(pods, &arg_refs, &dir)?;
     let addrs: Vec<String> = fleet.iter().map(|p| p.addr.clone()).collect();
-    let envoy = start_envoy(
+    let envoy = start_envoy_unvalidated(
         "envoy",
         &addrs,
         true,
