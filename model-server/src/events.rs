@@ -118,16 +118,16 @@ impl EventLog {
                 more: false,
             };
         }
-        let mut hashes = 0;
+        let (mut taken, mut hashes) = (0, 0);
         let events: Vec<SeqEvent> = self
             .events
             .iter()
             .filter(|e| e.seq > since)
             .take(PAGE)
             .take_while(|e| {
-                let first = hashes == 0;
+                taken += 1;
                 hashes += e.event.hashes();
-                first || hashes <= PAGE_HASHES
+                taken == 1 || hashes <= PAGE_HASHES
             })
             .cloned()
             .collect();
@@ -200,5 +200,10 @@ mod tests {
         assert!(p.more);
         let p = log.since(3, Vec::new);
         assert_eq!((p.events.len(), p.more), (1, false));
+        // an event without hashes first does not let an oversized one in behind it
+        log.push(CacheEvent::AllCleared);
+        log.push(big(PAGE_HASHES as u64 + 1));
+        let p = log.since(4, Vec::new);
+        assert_eq!((p.events.len(), p.more), (1, true));
     }
 }
