@@ -72,8 +72,16 @@ impl<'de> serde::Deserialize<'de> for BlockHash {
 pub struct TokenCount(pub u64);
 
 /// The block size in tokens; never zero.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "u32")]
 pub struct BlockSize(u32);
+
+impl TryFrom<u32> for BlockSize {
+    type Error = &'static str;
+    fn try_from(tokens: u32) -> Result<Self, Self::Error> {
+        BlockSize::new(tokens).ok_or("a block size must be at least 1 token")
+    }
+}
 
 impl BlockSize {
     /// `None` for zero, the only invalid block size.

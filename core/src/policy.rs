@@ -24,7 +24,16 @@ use serde::Deserialize;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
 /// Why a pod was chosen.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+///
+/// Each variant's name is written once, here: its kind ([`ReasonKind`], derived) gives the
+/// kebab-case value of the debug header (`prefix-hit`) and, with `_` for `-`, the metric name
+/// (`prefix_router_decisions_prefix_hit`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, strum::EnumDiscriminants)]
+#[strum_discriminants(
+    name(ReasonKind),
+    derive(strum::IntoStaticStr, strum::EnumIter, strum::EnumCount),
+    strum(serialize_all = "kebab-case")
+)]
 pub enum Reason {
     /// `blocks` leading blocks of the prompt are owned by the chosen pod.
     PrefixHit { blocks: usize },
@@ -46,20 +55,32 @@ pub enum Reason {
     LeastLoaded,
 }
 
+impl ReasonKind {
+    /// Stable kebab-case name (`prefix-hit`): the debug header's value.
+    pub fn header_value(self) -> &'static str {
+        self.into()
+    }
+
+    /// The name as a metric-name part (`prefix_hit`).
+    pub fn metric_suffix(self) -> String {
+        self.header_value().replace('-', "_")
+    }
+
+    /// Dense index (0..[`ReasonKind::COUNT`]) for per-reason arrays.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
 impl Reason {
+    /// The reason's kind (the variant without its data).
+    pub fn kind(&self) -> ReasonKind {
+        ReasonKind::from(self)
+    }
+
     /// Stable kebab-case name, used in the debug header.
     pub fn as_str(&self) -> &'static str {
-        match self {
-            Reason::PrefixHit { .. } => "prefix-hit",
-            Reason::Cold => "cold",
-            Reason::ShortPrompt => "short-prompt",
-            Reason::Imbalanced => "imbalanced",
-            Reason::Passthrough => "passthrough",
-            Reason::Fallback => "fallback",
-            Reason::RoundRobin => "round-robin",
-            Reason::Random => "random",
-            Reason::LeastLoaded => "least-loaded",
-        }
+        self.kind().header_value()
     }
 
     /// Leading blocks matched (0 unless a prefix hit).
@@ -569,5 +590,33 @@ mod tests {
         assert_eq!(Reason::PrefixHit { blocks: 3 }.matched_blocks(), 3);
         assert_eq!(Reason::Imbalanced.as_str(), "imbalanced");
         assert_eq!(Reason::Cold.matched_blocks(), 0);
+    }
+
+    #[test]
+    fn reason_names_derive_from_the_enum() {
+        use strum::{EnumCount, IntoEnumIterator};
+        let kinds: Vec<ReasonKind> = ReasonKind::iter().collect();
+        assert_eq!(kinds.len(), ReasonKind::COUNT);
+        for (i, k) in kinds.iter().enumerate() {
+            assert_eq!(k.index(), i, "indices are dense and in declaration order");
+        }
+        let headers: Vec<&str> = kinds.iter().map(|k| k.header_value()).collect();
+        assert_eq!(
+            headers,
+            [
+                "prefix-hit",
+                "cold",
+                "short-prompt",
+                "imbalanced",
+                "passthrough",
+                "fallback",
+                "round-robin",
+                "random",
+                "least-loaded"
+            ]
+        );
+        assert_eq!(ReasonKind::PrefixHit.metric_suffix(), "prefix_hit");
+        assert_eq!(Reason::PrefixHit { blocks: 3 }.as_str(), "prefix-hit");
+        assert_eq!(Reason::LeastLoaded.kind(), ReasonKind::LeastLoaded);
     }
 }

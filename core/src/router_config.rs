@@ -1,23 +1,58 @@
-//! The routing filter's plugin configuration: typed, validated once, errors name the field.
+//! The routing filter's plugin configuration: parsed and validated once into typed settings;
+//! a bad value is reported by its path (`pods[2]`, `weights.prefix`).
 
-use crate::block::DEFAULT_BLOCK_SIZE;
+use crate::block::BlockSize;
 use crate::policy::{Policy, Weights};
+use crate::protocol::defaults;
 use serde::Deserialize;
+use std::fmt;
 use std::net::SocketAddr;
 
-/// Header that carries the chosen upstream (`host:port`) to Envoy's ORIGINAL_DST cluster; the
-/// same header the Gateway API Inference Extension uses.
-pub const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
+/// A pod's address as configured: a valid `ip:port`, kept in its configured spelling (that
+/// spelling is what Envoy matches the destination header against, and what table entries
+/// name across Envoys).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Deserialize)]
+#[serde(try_from = "String")]
+pub struct PodAddr(String);
 
-/// Plugin configuration (JSON in the Envoy wasm filter's `configuration`).
+impl PodAddr {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for PodAddr {
+    type Error = String;
+    fn try_from(s: String) -> Result<Self, String> {
+        match s.parse::<SocketAddr>() {
+            Ok(_) => Ok(PodAddr(s)),
+            Err(_) => Err(format!("'{s}' is not an ip:port address")),
+        }
+    }
+}
+
+impl fmt::Display for PodAddr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl AsRef<str> for PodAddr {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Plugin configuration (JSON in the Envoy wasm filter's `configuration`), validated.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouterConfig {
-    /// Model-server pods as `ip:port`.
-    pub pods: Vec<String>,
+    /// Model-server pods as `ip:port` (1–1024).
+    #[serde(default)]
+    pub pods: Vec<PodAddr>,
     /// Prefix-cache block size in tokens; must equal the servers' `--block-size`.
-    #[serde(default = "default_block_size")]
-    pub block_size: u32,
+    #[serde(default)]
+    pub block_size: BlockSize,
     /// Served model name; seeds the block hashes exactly as the servers do.
     #[serde(default = "default_model_name")]
     pub model_name: String,
@@ -42,7 +77,7 @@ pub struct RouterConfig {
     /// Consecutive failed polls after which a pod is marked down.
     #[serde(default = "default_down_after_failures")]
     pub down_after_failures: u32,
-    /// Envoy cluster the poller calls pods through (ORIGINAL_DST on the destination header).
+    /// Envoy cluster the poller calls pods through (routed by the destination header).
     #[serde(default = "default_cluster")]
     pub cluster: String,
 }
@@ -56,15 +91,11 @@ fn default_down_after_failures() -> u32 {
 fn default_cluster() -> String {
     "pods".to_owned()
 }
-
-fn default_block_size() -> u32 {
-    DEFAULT_BLOCK_SIZE
-}
 fn default_model_name() -> String {
-    "SmolLM2-135M-Instruct".to_owned()
+    defaults::MODEL_NAME.to_owned()
 }
 fn default_max_body_bytes() -> usize {
-    4 * 1024 * 1024
+    defaults::MAX_BODY_BYTES
 }
 fn default_table_capacity() -> u64 {
     65_536
@@ -74,6 +105,7 @@ fn default_table_capacity() -> u64 {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("invalid prefix-router configuration: field '{field}': {reason}")]
 pub struct ConfigError {
+    /// Path of the bad value (`pods[1]`, `weights.prefix`), or `.` for the document.
     pub field: String,
     pub reason: String,
 }
@@ -88,37 +120,24 @@ fn err(field: &str, reason: impl Into<String>) -> ConfigError {
 impl RouterConfig {
     /// Parses and validates the plugin configuration bytes.
     pub fn parse(bytes: &[u8]) -> Result<Self, ConfigError> {
-        let c: RouterConfig = serde_json::from_slice(bytes).map_err(|e| {
-            // serde names unknown/missing fields in its message
-            let msg = e.to_string();
-            let field = msg
-                .split('`')
-                .nth(1)
-                .filter(|_| msg.contains("field"))
-                .unwrap_or("(json)")
-                .to_owned();
-            ConfigError { field, reason: msg }
+        let de = &mut serde_json::Deserializer::from_slice(bytes);
+        let c: RouterConfig = serde_path_to_error::deserialize(de).map_err(|e| ConfigError {
+            field: e.path().to_string(),
+            reason: e.into_inner().to_string(),
         })?;
         c.validate()?;
         Ok(c)
     }
 
-    pub fn validate(&self) -> Result<(), ConfigError> {
+    /// The checks serde's types cannot express.
+    fn validate(&self) -> Result<(), ConfigError> {
         if self.pods.is_empty() {
             return Err(err("pods", "at least one pod (ip:port) is required"));
         }
         if self.pods.len() > 1024 {
             return Err(err("pods", "at most 1024 pods"));
         }
-        for (i, p) in self.pods.iter().enumerate() {
-            if p.parse::<SocketAddr>().is_err() {
-                return Err(err(
-                    &format!("pods[{i}]"),
-                    format!("'{p}' is not an ip:port address"),
-                ));
-            }
-        }
-        if self.block_size == 0 || self.block_size > 65_536 {
+        if self.block_size.get() > 65_536 {
             return Err(err("block_size", "must be between 1 and 65536"));
         }
         if self.model_name.is_empty() {
@@ -157,6 +176,11 @@ impl RouterConfig {
         }
         Ok(())
     }
+
+    /// The configured pod addresses, in order (a pod's index is its position here).
+    pub fn pod_addrs(&self) -> impl Iterator<Item = &str> {
+        self.pods.iter().map(PodAddr::as_str)
+    }
 }
 
 #[cfg(test)]
@@ -164,12 +188,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn defaults_and_validation() {
+    fn defaults() {
         let c = RouterConfig::parse(br#"{"pods":["127.0.0.1:8001"]}"#).unwrap();
-        assert_eq!(c.block_size, 128);
-        assert_eq!(c.model_name, "SmolLM2-135M-Instruct");
+        assert_eq!(c.block_size.get(), defaults::BLOCK_SIZE);
+        assert_eq!(c.model_name, defaults::MODEL_NAME);
+        assert_eq!(c.max_body_bytes, defaults::MAX_BODY_BYTES);
         assert!(!c.debug_headers);
         assert_eq!(c.policy, Policy::Prefix);
+        assert_eq!(c.pod_addrs().collect::<Vec<_>>(), ["127.0.0.1:8001"]);
         let c = RouterConfig::parse(
             br#"{"pods":["127.0.0.1:1"],"policy":"least_loaded","weights":{"prefix":3}}"#,
         )
@@ -177,10 +203,25 @@ mod tests {
         assert_eq!(c.policy, Policy::LeastLoaded);
         assert_eq!(c.weights.prefix, 3.0);
         assert_eq!(c.weights.inflight, 1.0);
+    }
+
+    #[test]
+    fn bad_values_are_named_by_their_path() {
         for (json, field) in [
             (r#"{"pods":[]}"#, "pods"),
+            (r#"{}"#, "pods"),
             (r#"{"pods":["localhost"]}"#, "pods[0]"),
+            (r#"{"pods":["127.0.0.1:1","127.0.0.1"]}"#, "pods[1]"),
+            (r#"{"pods":"x"}"#, "pods"),
             (r#"{"pods":["127.0.0.1:1"],"block_size":0}"#, "block_size"),
+            (
+                r#"{"pods":["127.0.0.1:1"],"block_size":70000}"#,
+                "block_size",
+            ),
+            (
+                r#"{"pods":["127.0.0.1:1"],"block_size":"big"}"#,
+                "block_size",
+            ),
             (
                 r#"{"pods":["127.0.0.1:1"],"table_capacity":0}"#,
                 "table_capacity",
@@ -191,8 +232,6 @@ mod tests {
             ),
             (r#"{"pods":["127.0.0.1:1"],"model_name":""}"#, "model_name"),
             (r#"{"pods":["127.0.0.1:1"],"podz":1}"#, "podz"),
-            (r#"{}"#, "pods"),
-            (r#"{"pods":"x"}"#, "(json)"),
             (
                 r#"{"pods":["127.0.0.1:1"],"poll_interval_ms":5}"#,
                 "poll_interval_ms",
@@ -201,11 +240,20 @@ mod tests {
                 r#"{"pods":["127.0.0.1:1"],"weights":{"prefix":-1}}"#,
                 "weights.prefix",
             ),
-            (r#"{"pods":["127.0.0.1:1"],"policy":"fastest"}"#, "(json)"),
+            (
+                r#"{"pods":["127.0.0.1:1"],"weights":{"prefx":1}}"#,
+                "weights.prefx",
+            ),
+            (r#"{"pods":["127.0.0.1:1"],"policy":"fastest"}"#, "policy"),
+            (
+                r#"{"pods":["127.0.0.1:1"],"down_after_failures":0}"#,
+                "down_after_failures",
+            ),
+            (r#"{"pods":["127.0.0.1:1"],"cluster":""}"#, "cluster"),
         ] {
             let e = RouterConfig::parse(json.as_bytes()).unwrap_err();
             assert_eq!(e.field, field, "{json}: {e}");
-            assert!(e.to_string().contains(field));
+            assert!(e.to_string().contains(&format!("'{field}'")), "{e}");
         }
     }
 }

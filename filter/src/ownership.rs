@@ -1,7 +1,7 @@
 //! The ownership table in Envoy shared data: which pod computed which block.
 //!
 //! Layout and replacement rules live in `prefix_core::table`; this is the thin part that
-//! reads and writes buckets through [`Host`], with compare-and-swap so Envoy's worker
+//! reads and writes buckets through [`Store`], with compare-and-swap so Envoy's worker
 //! threads never lose each other's updates silently.
 //!
 //! Host calls dominate the routing cost after tokenizing (each copies a value across the VM
@@ -9,7 +9,7 @@
 //! it has read: the lookup's reads are reused when the same prompt's blocks are recorded, and
 //! a write that loses a race to another worker re-reads and retries once.
 
-use crate::host::{Host, SetOutcome};
+use crate::host::{SetOutcome, Store};
 use prefix_core::table::{decode_bucket, encode_bucket, pick_way, Bucket, Entry, TableLayout};
 use prefix_core::BlockHash;
 use std::cell::RefCell;
@@ -30,14 +30,14 @@ pub struct RecordStats {
 /// A bucket as last read: its ways and the CAS token of that read.
 type Read = (Bucket, Option<u32>);
 
-pub struct OwnershipTable<'a, H: Host> {
+pub struct OwnershipTable<'a, H: Store> {
     host: &'a H,
     layout: &'a TableLayout,
     /// Buckets read during this decision (bucket index → contents and CAS).
     seen: RefCell<HashMap<u64, Read>>,
 }
 
-impl<'a, H: Host> OwnershipTable<'a, H> {
+impl<'a, H: Store> OwnershipTable<'a, H> {
     pub fn new(host: &'a H, layout: &'a TableLayout) -> Self {
         OwnershipTable {
             host,
@@ -304,7 +304,7 @@ mod tests {
     #[test]
     fn cas_conflict_is_counted_not_lost_silently() {
         struct Racy(FakeHost);
-        impl Host for Racy {
+        impl Store for Racy {
             fn shared_get(&self, k: &str) -> Option<(Vec<u8>, Option<u32>)> {
                 self.0.shared_get(k)
             }

@@ -1,44 +1,11 @@
 //! What the routers know about each pod, kept in Envoy shared data so every worker VM (and
-//! the elected poller) sees the same: health, load, cache generation, in-flight requests.
+//! the elected poller) sees the same: its [`PodState`] (health, load, cache generation; the
+//! rules that change it are `prefix_core::liveness`), the fleet's in-flight requests, and the
+//! poller's lease.
 
-use crate::host::{Host, SetOutcome};
-use prefix_core::policy::PodLoad;
-use serde::{Deserialize, Serialize};
-
-/// One pod's state as last learned by the poller (and by failed responses).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct PodState {
-    /// Ownership-table entries are valid only while this matches theirs.
-    pub generation: u64,
-    /// The pod process's epoch (empty before the first successful poll).
-    pub epoch: String,
-    /// Last cache-event sequence number applied.
-    pub seq: u64,
-    pub healthy: bool,
-    pub fails: u32,
-    pub running: u32,
-    pub waiting: u32,
-    pub kv_cache_usage: f64,
-    /// Router clock (ns) of the last successful poll; 0 = never.
-    pub last_ok_ns: u64,
-}
-
-impl Default for PodState {
-    fn default() -> Self {
-        PodState {
-            generation: 0,
-            epoch: String::new(),
-            seq: 0,
-            healthy: true,
-            fails: 0,
-            running: 0,
-            waiting: 0,
-            kv_cache_usage: 0.0,
-            last_ok_ns: 0,
-        }
-    }
-}
+use crate::host::{SetOutcome, Store};
+pub use prefix_core::liveness::PodState;
+use prefix_core::router_config::PodAddr;
 
 /// Shared-data keys under one router namespace.
 #[derive(Debug, Clone)]
@@ -61,8 +28,9 @@ impl Keys {
     /// Every pod's in-flight count, packed in one value (a u32 per pod, in `pods` order), so a
     /// request reads the whole fleet's load with one host call. The key names the pod list:
     /// plugins with other lists never read each other's counts.
-    pub fn inflight(&self, pods: &[String]) -> String {
-        let list = xxhash_rust::xxh3::xxh3_64(pods.join(",").as_bytes());
+    pub fn inflight(&self, pods: &[PodAddr]) -> String {
+        let names: Vec<&str> = pods.iter().map(PodAddr::as_str).collect();
+        let list = xxhash_rust::xxh3::xxh3_64(names.join(",").as_bytes());
         format!("{}/inflight/{list:016x}", self.ns)
     }
     pub fn lease(&self) -> String {
@@ -76,7 +44,7 @@ pub fn parse_state(v: &[u8]) -> PodState {
 }
 
 /// Reads a pod's state (the default when never written or unreadable).
-pub fn read_state<H: Host>(host: &H, keys: &Keys, pod: &str) -> (PodState, Option<u32>) {
+pub fn read_state<H: Store>(host: &H, keys: &Keys, pod: &str) -> (PodState, Option<u32>) {
     match host.shared_get(&keys.state(pod)) {
         Some((v, cas)) => (parse_state(&v), cas),
         None => (PodState::default(), None),
@@ -84,7 +52,7 @@ pub fn read_state<H: Host>(host: &H, keys: &Keys, pod: &str) -> (PodState, Optio
 }
 
 /// Read-modify-write of a pod's state with compare-and-swap (a few retries).
-pub fn update_state<H: Host>(
+pub fn update_state<H: Store>(
     host: &H,
     keys: &Keys,
     pod: &str,
@@ -117,7 +85,7 @@ pub struct Inflight {
 
 impl Inflight {
     /// Reads the packed counts of `pods` pods (zeros for a missing or short value).
-    pub fn read<H: Host>(host: &H, key: &str, pods: usize) -> Inflight {
+    pub fn read<H: Store>(host: &H, key: &str, pods: usize) -> Inflight {
         let (v, cas) = host.shared_get(key).unwrap_or_default();
         let counts = (0..pods)
             .map(|i| {
@@ -132,7 +100,7 @@ impl Inflight {
 
     /// Creates the packed counts (all zero) unless they exist: every later update is then a
     /// compare-and-swap (Envoy inserts a missing key last-writer-wins, which could lose a count).
-    pub fn create<H: Host>(host: &H, key: &str, pods: usize) {
+    pub fn create<H: Store>(host: &H, key: &str, pods: usize) {
         if host.shared_get(key).is_none() {
             host.shared_set(key, &vec![0; pods * 4], None);
         }
@@ -143,15 +111,19 @@ impl Inflight {
         self.counts.get(i).copied().unwrap_or(0)
     }
 
+    /// Packed counts of every pod (little-endian u32 each, in `pods` order).
+    fn encode(&self) -> Vec<u8> {
+        self.counts.iter().flat_map(|c| c.to_le_bytes()).collect()
+    }
+
     /// Adds `delta` to pod `pod`'s count (never below 0) with compare-and-swap against this
     /// read, re-reading after a lost race (a few times). Returns the pod's new count.
-    pub fn add<H: Host>(mut self, host: &H, key: &str, pod: usize, delta: i32) -> Option<u32> {
+    pub fn add<H: Store>(mut self, host: &H, key: &str, pod: usize, delta: i32) -> Option<u32> {
         for _ in 0..8 {
             let slot = self.counts.get_mut(pod)?;
             *slot = slot.saturating_add_signed(delta);
             let next = *slot;
-            let bytes: Vec<u8> = self.counts.iter().flat_map(|c| c.to_le_bytes()).collect();
-            match host.shared_set(key, &bytes, self.cas) {
+            match host.shared_set(key, &self.encode(), self.cas) {
                 SetOutcome::Written => return Some(next),
                 SetOutcome::CasMismatch => self = Inflight::read(host, key, self.counts.len()),
                 SetOutcome::Failed => return None,
@@ -161,19 +133,9 @@ impl Inflight {
     }
 }
 
-/// The routing view of a pod.
-pub fn load_of(st: &PodState, inflight: u32) -> PodLoad {
-    PodLoad {
-        healthy: st.healthy,
-        inflight,
-        waiting: st.waiting,
-        kv_cache_usage: st.kv_cache_usage,
-    }
-}
-
 /// Poller election: one VM in the whole Envoy polls. The lease is `holder u64 | expires u64`;
 /// a VM takes it when it is free, expired, or already its own.
-pub fn try_lease<H: Host>(host: &H, keys: &Keys, vm_id: u64, now_ns: u64, ttl_ns: u64) -> bool {
+pub fn try_lease<H: Store>(host: &H, keys: &Keys, vm_id: u64, now_ns: u64, ttl_ns: u64) -> bool {
     let key = keys.lease();
     let (holder, expires, cas) = match host.shared_get(&key) {
         Some((v, cas)) if v.len() == 16 => {
@@ -201,6 +163,13 @@ mod tests {
     use super::*;
     use crate::host::fake::FakeHost;
 
+    fn pods(addrs: &[&str]) -> Vec<PodAddr> {
+        addrs
+            .iter()
+            .map(|a| PodAddr::try_from(a.to_string()).unwrap())
+            .collect()
+    }
+
     #[test]
     fn state_defaults_and_updates() {
         let h = FakeHost::default();
@@ -220,7 +189,7 @@ mod tests {
     #[test]
     fn inflight_counts_and_floors_at_zero() {
         let h = FakeHost::default();
-        let key = Keys::new("ns").inflight(&["a".into(), "b".into(), "c".into()]);
+        let key = Keys::new("ns").inflight(&pods(&["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]));
         let add = |pod, delta| Inflight::read(&h, &key, 3).add(&h, &key, pod, delta);
         assert_eq!(add(1, 1), Some(1));
         assert_eq!(add(1, 1), Some(2));
@@ -234,7 +203,7 @@ mod tests {
     #[test]
     fn inflight_update_survives_a_lost_race() {
         let h = FakeHost::default();
-        let key = Keys::new("ns").inflight(&["a".into(), "b".into()]);
+        let key = Keys::new("ns").inflight(&pods(&["127.0.0.1:1", "127.0.0.1:2"]));
         Inflight::read(&h, &key, 2).add(&h, &key, 0, 0).unwrap(); // the key exists
         let stale = Inflight::read(&h, &key, 2);
         // another worker counts a request on pod 0 after our read
@@ -250,7 +219,7 @@ mod tests {
     #[test]
     fn created_counts_are_never_reset() {
         let h = FakeHost::default();
-        let key = Keys::new("ns").inflight(&["a".into(), "b".into()]);
+        let key = Keys::new("ns").inflight(&pods(&["127.0.0.1:1", "127.0.0.1:2"]));
         Inflight::create(&h, &key, 2);
         let zero = Inflight::read(&h, &key, 2);
         assert_eq!(
@@ -265,8 +234,9 @@ mod tests {
     #[test]
     fn inflight_keys_name_the_pod_list() {
         let k = Keys::new("ns");
-        assert_ne!(k.inflight(&["a".into()]), k.inflight(&["b".into()]));
-        assert_eq!(k.inflight(&["a".into()]), k.inflight(&["a".into()]));
+        let a = pods(&["127.0.0.1:1"]);
+        assert_ne!(k.inflight(&a), k.inflight(&pods(&["127.0.0.1:2"])));
+        assert_eq!(k.inflight(&a), k.inflight(&a));
     }
 
     #[test]

@@ -1,178 +1,257 @@
-//! Applying what a pod's `/v1/cache/events` poll says (or that it did not answer) to the
-//! shared state: health, load, cache generation, and ownership entries from its events.
+//! The poller: one VM of the Envoy (elected by a lease in shared data) asks every pod for its
+//! cache events and load each `poll_interval_ms` (`GET /v1/cache/events?since=SEQ`, through
+//! the pods cluster), and applies the answers to the shared state all workers route from.
 //!
-//! - A new process epoch (restart) bumps the pod's generation: every table entry it had is
-//!   invalid at once, with no need to list keys. Events are then re-read from the start.
-//! - The first contact with a pod also starts a fresh generation (the pod may have restarted
-//!   before anyone polled it), and its full event history re-records what it holds.
-//! - `reset` (the router fell behind the pod's bounded history) does the same and takes the
-//!   snapshot as the pod's blocks.
-//! - `BlockStored` records the pod as owner (so blocks routed by *another* Envoy are learned);
-//!   `BlockRemoved` forgets the pod's entries for evicted blocks.
-//! - `down_after_failures` failed polls in a row mark the pod down; one good poll brings it back.
+//! - Scheduling ([`Poller`]): at most one poll per pod in flight; a pod that says `more` is
+//!   asked again at once, up to [`CATCH_UP_PAGES`] pages per tick, so a busy pod is followed
+//!   in small bounded steps instead of one stall per tick.
+//! - Applying a page ([`apply_page`]): the state rules are `prefix_core::liveness`; then the
+//!   snapshot of a reset and the page's live events (after its last `AllCleared`) are
+//!   recorded: `BlockStored` makes the pod an owner (so blocks another Envoy placed are
+//!   learned), `BlockRemoved` forgets it.
+//! - Failures ([`apply_failure`], [`mark_down`]): failed polls count towards
+//!   `down_after_failures`; a refused connection on the request path marks the pod down now.
 
-use crate::host::Host;
+use crate::host::{Host, Level, Store};
+use crate::metrics::Metrics;
 use crate::ownership::OwnershipTable;
-use crate::pods::{update_state, Keys, PodState};
+use crate::pods::{try_lease, update_state, Keys, PodState};
+use crate::router::Router;
+use prefix_core::liveness::{self, PageEffect};
+use prefix_core::protocol::{headers, CacheEvent, EventsPage, EVENTS_PATH};
 use prefix_core::table::TableLayout;
-use prefix_core::BlockHash;
-use serde::Deserialize;
-use xxhash_rust::xxh3::xxh3_64;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::time::Duration;
 
-#[derive(Deserialize)]
-struct Page {
-    epoch: String,
-    seq: u64,
-    #[serde(default)]
-    reset: bool,
-    #[serde(default)]
-    snapshot: Option<Vec<BlockHash>>,
-    #[serde(default)]
-    events: Vec<Event>,
-    /// The pod has more events than fit in one page.
-    #[serde(default)]
-    more: bool,
-    #[serde(default)]
-    load: Load,
-}
-
-#[derive(Deserialize)]
-#[serde(tag = "type")]
-enum Event {
-    BlockStored { hashes: Vec<BlockHash> },
-    BlockRemoved { hashes: Vec<BlockHash> },
-    AllCleared,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct Load {
-    running: u32,
-    waiting: u32,
-    kv_cache_usage: f64,
-}
+/// Pages of cache events a pod may be polled for right away, per tick, beyond the tick's own
+/// poll: enough to drain the server's whole bounded history (8 × 512 events) in one period.
+pub const CATCH_UP_PAGES: u32 = 8;
 
 /// What one poll changed.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Applied {
+    /// Entries written for stored blocks…
     pub stored: u32,
+    /// …of which filled an empty way.
+    pub filled: u32,
     pub removed: u32,
-    /// The pod's generation changed (restart, reset or clear).
+    /// The pod's generation changed (first contact, restart, reset or clear).
     pub new_generation: bool,
     /// The pod came back from down.
     pub recovered: bool,
-    /// Poll again now, from this sequence number: the pod has more events waiting (a busy
-    /// pod can produce more than a page per poll period; waiting a whole period per page
-    /// would fall behind its bounded history and force a full resync).
+    /// Poll again now, from this sequence number: the pod restarted (re-read from 0) or has
+    /// more events waiting (a busy pod can produce more than a page per poll period; waiting
+    /// a whole period per page would fall behind its bounded history and force a resync).
     pub again_since: Option<u64>,
 }
 
-fn next_generation(old: u64, salt: &str, seq: u64) -> u64 {
-    let mut b = old.to_le_bytes().to_vec();
-    b.extend_from_slice(salt.as_bytes());
-    b.extend_from_slice(&seq.to_le_bytes());
-    xxh3_64(&b).max(1)
+/// Applies a successful poll's page to the pod's state and the ownership table.
+pub fn apply_page<S: Store>(
+    store: &S,
+    keys: &Keys,
+    layout: &TableLayout,
+    pod: &str,
+    page: &EventsPage,
+    now_ns: u64,
+) -> Result<Applied, String> {
+    let mut fx = PageEffect::default();
+    let st = update_state(store, keys, pod, |st| {
+        fx = liveness::on_page(st, page, now_ns)
+    })
+    .ok_or_else(|| format!("could not update state of {pod}"))?;
+    let mut out = Applied {
+        new_generation: fx.new_generation,
+        recovered: fx.recovered,
+        ..Applied::default()
+    };
+    if fx.restarted {
+        out.again_since = Some(0);
+        return Ok(out);
+    }
+    out.again_since = page.more.then_some(st.seq);
+    let table = OwnershipTable::new(store, layout);
+    let record = |out: &mut Applied, hashes: &[_]| {
+        let r = table.record(hashes, pod, st.generation);
+        out.stored += r.written;
+        out.filled += r.filled;
+    };
+    if let Some(snapshot) = &page.snapshot {
+        record(&mut out, snapshot);
+    }
+    for e in page.live_events() {
+        match &e.event {
+            CacheEvent::BlockStored { hashes } => record(&mut out, hashes),
+            CacheEvent::BlockRemoved { hashes } => out.removed += table.remove(hashes, pod),
+            CacheEvent::AllCleared => {}
+        }
+    }
+    Ok(out)
 }
 
-/// Applies a successful poll response body. `Err` if the body is not a valid events page
-/// (then it counts as a failed poll).
-pub fn apply_success<H: Host>(
-    host: &H,
+/// A poll that failed (no answer, non-200, a body that is not a page). Returns the new state
+/// and whether the pod went down with this failure.
+pub fn apply_failure<S: Store>(
+    store: &S,
+    keys: &Keys,
+    pod: &str,
+    down_after: u32,
+) -> Option<(PodState, bool)> {
+    let mut went_down = false;
+    let st = update_state(store, keys, pod, |st| {
+        went_down = liveness::on_poll_failure(st, down_after)
+    })?;
+    Some((st, went_down))
+}
+
+/// The request path saw the pod refuse a connection: mark it down now rather than waiting
+/// for the next polls (the poller brings it back when it answers again).
+pub fn mark_down<S: Store>(store: &S, keys: &Keys, pod: &str, down_after: u32) -> Option<PodState> {
+    update_state(store, keys, pod, |st| {
+        liveness::on_connect_failure(st, down_after)
+    })
+}
+
+/// Poll scheduling for one VM: which polls are out, and how many catch-up pages each pod
+/// had this tick.
+#[derive(Default)]
+pub struct Poller {
+    /// poll call token → pod index
+    out: RefCell<HashMap<u32, usize>>,
+    /// per pod: pages fetched at once since the last tick
+    catch_up: RefCell<Vec<u32>>,
+}
+
+impl Poller {
+    /// One tick: if this VM holds (or takes) the poller lease, report every pod's metrics and
+    /// poll each pod whose previous poll is not still out.
+    pub fn tick<H: Host>(&self, host: &H, router: &Router, metrics: &Metrics<H>, vm_id: u64) {
+        let now = host.now_nanos();
+        let ttl = router.config.poll_interval_ms.saturating_mul(3_000_000);
+        if !try_lease(host, &router.keys, vm_id, now, ttl) {
+            return; // another VM is the poller
+        }
+        let fleet = router.fleet(host);
+        *self.catch_up.borrow_mut() = vec![0; fleet.states.len()];
+        for (i, st) in fleet.states.iter().enumerate() {
+            metrics.pod(i, st.healthy, fleet.inflight.of(i), st.lag_ms(now));
+            if self.out.borrow().values().any(|&p| p == i) {
+                continue; // the previous poll of this pod is still out
+            }
+            self.poll(host, router, metrics, i, st.seq);
+        }
+    }
+
+    /// Asks pod `i` for its cache events after `since`.
+    fn poll<H: Host>(&self, host: &H, router: &Router, metrics: &Metrics<H>, i: usize, since: u64) {
+        let addr = router.pod(i);
+        let timeout = Duration::from_millis(router.config.poll_interval_ms.max(100));
+        let path = format!("{EVENTS_PATH}?since={since}");
+        let request = [
+            (":method", "GET"),
+            (":path", path.as_str()),
+            (":authority", addr),
+            (headers::DESTINATION, addr),
+        ];
+        match host.dispatch_http_call(&router.config.cluster, &request, timeout) {
+            Ok(token) => {
+                self.out.borrow_mut().insert(token, i);
+            }
+            Err(e) => {
+                host.log(
+                    Level::Warn,
+                    &format!(
+                        "prefix-router: cannot poll {addr} through cluster '{}': {e}",
+                        router.config.cluster
+                    ),
+                );
+                self.failed(host, router, metrics, i, &e);
+            }
+        }
+    }
+
+    fn failed<H: Host>(
+        &self,
+        host: &H,
+        router: &Router,
+        metrics: &Metrics<H>,
+        i: usize,
+        why: &str,
+    ) {
+        metrics.poll_failed();
+        let addr = router.pod(i);
+        let down_after = router.config.down_after_failures;
+        if let Some((_, true)) = apply_failure(host, &router.keys, addr, down_after) {
+            host.log(
+                Level::Warn,
+                &format!("prefix-router: pod {addr} marked down: {why}"),
+            );
+        }
+    }
+
+    /// The answer to a poll (inside `on_http_call_response`). Answers to calls this VM did not
+    /// make as polls are ignored.
+    pub fn on_response<H: Host>(
+        &self,
+        host: &H,
+        router: &Router,
+        metrics: &Metrics<H>,
+        token: u32,
+        body_size: usize,
+    ) {
+        let Some(i) = self.out.borrow_mut().remove(&token) else {
+            return;
+        };
+        let addr = router.pod(i);
+        let page = match host.http_call_status().as_deref() {
+            Some("200") => {
+                let body = host.http_call_body(body_size).unwrap_or_default();
+                serde_json::from_slice::<EventsPage>(&body)
+                    .map_err(|e| format!("bad events page: {e}"))
+            }
+            other => Err(format!("status {}", other.unwrap_or("none (no answer)"))),
+        };
+        let now = host.now_nanos();
+        let applied =
+            page.and_then(|p| apply_page(host, &router.keys, &router.layout, addr, &p, now));
+        let a = match applied {
+            Ok(a) => a,
+            Err(e) => return self.failed(host, router, metrics, i, &e),
+        };
+        if a.recovered {
+            host.log(Level::Info, &format!("prefix-router: pod {addr} is back"));
+        }
+        if a.new_generation {
+            host.log(
+                Level::Info,
+                &format!("prefix-router: pod {addr} has a new cache generation (first contact, restart or resync)"),
+            );
+        }
+        metrics.events(&a);
+        let Some(since) = a.again_since else {
+            return;
+        };
+        let mut catch_up = self.catch_up.borrow_mut();
+        if let Some(n) = catch_up.get_mut(i).filter(|n| **n < CATCH_UP_PAGES) {
+            *n += 1;
+            drop(catch_up);
+            self.poll(host, router, metrics, i, since);
+        }
+    }
+}
+
+/// Parses a page body and applies it (what `on_response` does with a 200), for tests.
+#[cfg(test)]
+pub fn apply_body<S: Store>(
+    store: &S,
     keys: &Keys,
     layout: &TableLayout,
     pod: &str,
     body: &[u8],
     now_ns: u64,
 ) -> Result<Applied, String> {
-    let page: Page =
-        serde_json::from_slice(body).map_err(|e| format!("bad events page from {pod}: {e}"))?;
-    let table = OwnershipTable::new(host, layout);
-    let mut out = Applied::default();
-    let mut before = PodState::default();
-    let st = update_state(host, keys, pod, |st| {
-        before = st.clone();
-        out = Applied::default();
-        if !st.healthy {
-            out.recovered = true;
-        }
-        st.healthy = true;
-        st.fails = 0;
-        st.running = page.load.running;
-        st.waiting = page.load.waiting;
-        st.kv_cache_usage = page.load.kv_cache_usage;
-        st.last_ok_ns = now_ns;
-        if !st.epoch.is_empty() && st.epoch != page.epoch {
-            // restarted: everything it had is gone; re-read its events from the start
-            st.generation = next_generation(st.generation, &page.epoch, 0);
-            st.epoch = page.epoch.clone();
-            st.seq = 0;
-            out.new_generation = true;
-            return;
-        }
-        if st.epoch.is_empty() {
-            // First contact. Entries recorded before it (generation 0) cannot be trusted: the
-            // pod may have restarted since. Start its own generation; the events below (all of
-            // them, since=0) re-record what it really holds.
-            st.generation = next_generation(st.generation, &page.epoch, 0);
-            out.new_generation = true;
-        }
-        st.epoch = page.epoch.clone();
-        if page.reset {
-            st.generation = next_generation(st.generation, &page.epoch, page.seq);
-            out.new_generation = true;
-        }
-        for e in &page.events {
-            if matches!(e, Event::AllCleared) {
-                st.generation = next_generation(st.generation, &page.epoch, page.seq);
-                out.new_generation = true;
-            }
-        }
-        st.seq = page.seq;
-    })
-    .ok_or_else(|| format!("could not update state of {pod}"))?;
-    if out.new_generation && st.seq == 0 && before.epoch != page.epoch && !before.epoch.is_empty() {
-        // restart: its events are read from the start, right away
-        out.again_since = Some(0);
-        return Ok(out);
-    }
-    out.again_since = page.more.then_some(st.seq);
-    if let Some(snapshot) = &page.snapshot {
-        out.stored += table.record(snapshot, pod, st.generation).written;
-    }
-    for e in &page.events {
-        match e {
-            Event::BlockStored { hashes } => {
-                out.stored += table.record(hashes, pod, st.generation).written
-            }
-            Event::BlockRemoved { hashes } => out.removed += table.remove(hashes, pod),
-            Event::AllCleared => {}
-        }
-    }
-    Ok(out)
-}
-
-/// A poll that failed (no answer, non-200, bad body). Returns the new state.
-pub fn apply_failure<H: Host>(
-    host: &H,
-    keys: &Keys,
-    pod: &str,
-    down_after: u32,
-) -> Option<PodState> {
-    update_state(host, keys, pod, |st| {
-        st.fails = st.fails.saturating_add(1);
-        if st.fails >= down_after {
-            st.healthy = false;
-        }
-    })
-}
-
-/// The request path saw the pod refuse a connection: mark it down now rather than waiting
-/// for the next polls (the poller brings it back when it answers again).
-pub fn mark_down<H: Host>(host: &H, keys: &Keys, pod: &str, down_after: u32) -> Option<PodState> {
-    update_state(host, keys, pod, |st| {
-        st.fails = st.fails.max(down_after);
-        st.healthy = false;
-    })
+    let page: EventsPage = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+    apply_page(store, keys, layout, pod, &page, now_ns)
 }
 
 #[cfg(test)]
@@ -180,6 +259,7 @@ mod tests {
     use super::*;
     use crate::host::fake::FakeHost;
     use crate::pods::read_state;
+    use prefix_core::BlockHash;
     use serde_json::json;
 
     const POD: &str = "127.0.0.1:9";
@@ -199,7 +279,7 @@ mod tests {
         let h1 = BlockHash(0x1111);
         let h2 = BlockHash(0x2222);
 
-        let a = apply_success(
+        let a = apply_body(
             &host,
             &keys,
             &layout,
@@ -228,7 +308,7 @@ mod tests {
         let first_generation = st.generation;
 
         // restart: new epoch → new generation, seq back to 0, old entries no longer match
-        let a = apply_success(&host, &keys, &layout, POD, &page("e2", 1, json!([])), 20).unwrap();
+        let a = apply_body(&host, &keys, &layout, POD, &page("e2", 1, json!([])), 20).unwrap();
         assert!(a.new_generation);
         assert_eq!(a.again_since, Some(0), "a restarted pod is re-read at once");
         let (st, _) = read_state(&host, &keys, POD);
@@ -242,13 +322,16 @@ mod tests {
         let host = FakeHost::default();
         let keys = Keys::new("ns");
         let layout = TableLayout::new("ns/t", 16);
-        assert!(apply_failure(&host, &keys, POD, 2).unwrap().healthy);
-        assert!(!apply_failure(&host, &keys, POD, 2).unwrap().healthy);
-        let a = apply_success(&host, &keys, &layout, POD, &page("e", 0, json!([])), 5).unwrap();
+        assert!(apply_failure(&host, &keys, POD, 2).unwrap().0.healthy);
+        assert_eq!(
+            apply_failure(&host, &keys, POD, 2).map(|(s, down)| (s.healthy, down)),
+            Some((false, true))
+        );
+        let a = apply_body(&host, &keys, &layout, POD, &page("e", 0, json!([])), 5).unwrap();
         assert!(a.recovered);
         assert!(read_state(&host, &keys, POD).0.healthy);
         assert!(!mark_down(&host, &keys, POD, 2).unwrap().healthy);
-        assert!(apply_success(&host, &keys, &layout, POD, b"not json", 6).is_err());
+        assert!(apply_body(&host, &keys, &layout, POD, b"not json", 6).is_err());
     }
 
     #[test]
@@ -260,9 +343,9 @@ mod tests {
         let body = |seq: u64, more: bool| {
             json!({"epoch": "e", "seq": seq, "events": [stored(seq)], "more": more}).to_string()
         };
-        let a = apply_success(&host, &keys, &layout, POD, body(1, true).as_bytes(), 1).unwrap();
+        let a = apply_body(&host, &keys, &layout, POD, body(1, true).as_bytes(), 1).unwrap();
         assert_eq!(a.again_since, Some(1));
-        let a = apply_success(&host, &keys, &layout, POD, body(2, false).as_bytes(), 2).unwrap();
+        let a = apply_body(&host, &keys, &layout, POD, body(2, false).as_bytes(), 2).unwrap();
         assert_eq!(a.again_since, None, "caught up: wait for the next tick");
         assert_eq!(read_state(&host, &keys, POD).0.seq, 2);
     }
@@ -273,7 +356,7 @@ mod tests {
         let keys = Keys::new("ns");
         let layout = TableLayout::new("ns/t", 64);
         let body = json!({"epoch": "e", "seq": 9, "reset": true, "snapshot": [BlockHash(5).to_hex()], "events": []}).to_string();
-        let a = apply_success(&host, &keys, &layout, POD, body.as_bytes(), 1).unwrap();
+        let a = apply_body(&host, &keys, &layout, POD, body.as_bytes(), 1).unwrap();
         assert!(a.new_generation);
         let st = read_state(&host, &keys, POD).0;
         let e = OwnershipTable::new(&host, &layout)

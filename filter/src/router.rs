@@ -3,26 +3,30 @@
 //! The filter's contexts only move bytes and headers; everything that decides lives here and
 //! in `prefix-core`, and is unit-tested against a fake host.
 
-use crate::host::Host;
+use crate::host::Store;
 use crate::ownership::{OwnershipTable, RecordStats};
-use crate::pods::{load_of, parse_state, Inflight, Keys, PodState};
+use crate::pods::{parse_state, Inflight, Keys, PodState};
 use prefix_core::policy::{decide, Decision, Inputs, PodLoad, Policy, Reason};
 use prefix_core::request::{parse_request, Endpoint};
 use prefix_core::router_config::RouterConfig;
-use prefix_core::table::TableLayout;
+use prefix_core::table::{Entry, TableLayout};
 use prefix_core::{ApiError, BlockHash, ModelBundle};
 use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::rc::Rc;
 
 /// Everything a worker's requests share: built once per VM in `on_configure`.
 pub struct Router {
     pub config: RouterConfig,
-    /// `None` when the embedded tokenizer failed to load: every request then fails open.
+    /// `None` when the tokenizer failed to load: every request then fails open.
     pub bundle: Option<ModelBundle>,
     pub layout: TableLayout,
     pub keys: Keys,
-    /// Per pod: its state key, and the key every state write bumps (built once).
+    /// Table entries name pods by address; this maps them back to positions in `pods`.
+    pod_index: HashMap<String, usize>,
+    /// Per pod: its state key (built once).
     state_keys: Vec<String>,
+    /// The key every pod-state write bumps.
     states_version_key: String,
     /// The fleet's packed in-flight counts.
     pub inflight_key: String,
@@ -62,12 +66,18 @@ impl Router {
         // configured plugins in one Envoy never read each other's state as their own.
         let namespace = format!(
             "prefix-router/v3/{}/{}",
-            config.model_name, config.block_size
+            config.model_name,
+            config.block_size.get()
         );
         let layout = TableLayout::new(&format!("{namespace}/table"), config.table_capacity);
         let keys = Keys::new(&namespace);
         Router {
-            state_keys: config.pods.iter().map(|p| keys.state(p)).collect(),
+            pod_index: config
+                .pod_addrs()
+                .enumerate()
+                .map(|(i, p)| (p.to_owned(), i))
+                .collect(),
+            state_keys: config.pod_addrs().map(|p| keys.state(p)).collect(),
             states_version_key: keys.states_version(),
             inflight_key: keys.inflight(&config.pods),
             states: RefCell::new(None),
@@ -82,7 +92,12 @@ impl Router {
 
     /// The address of pod `i`.
     pub fn pod(&self, i: usize) -> &str {
-        self.config.pods.get(i).map(String::as_str).unwrap_or("")
+        self.config.pods.get(i).map(|p| p.as_str()).unwrap_or("")
+    }
+
+    /// Number of configured pods.
+    pub fn pods(&self) -> usize {
+        self.config.pods.len()
     }
 
     fn next_counter(&self) -> u64 {
@@ -102,8 +117,8 @@ impl Router {
     }
 
     /// Every pod's state and in-flight count, and its routing view.
-    pub fn fleet<H: Host>(&self, host: &H) -> Fleet {
-        let version = host
+    pub fn fleet<S: Store>(&self, store: &S) -> Fleet {
+        let version = store
             .shared_get(&self.states_version_key)
             .and_then(|(_, cas)| cas);
         let mut cached = self.states.borrow_mut();
@@ -113,7 +128,7 @@ impl Router {
                 let states: Rc<Vec<PodState>> = Rc::new(
                     self.state_keys
                         .iter()
-                        .map(|k| host.shared_get(k).map(|(v, _)| parse_state(&v)))
+                        .map(|k| store.shared_get(k).map(|(v, _)| parse_state(&v)))
                         .map(Option::unwrap_or_default)
                         .collect(),
                 );
@@ -121,11 +136,11 @@ impl Router {
                 states
             }
         };
-        let inflight = Inflight::read(host, &self.inflight_key, states.len());
+        let inflight = Inflight::read(store, &self.inflight_key, states.len());
         let loads = states
             .iter()
             .enumerate()
-            .map(|(i, st)| load_of(st, inflight.of(i)))
+            .map(|(i, st)| st.load(inflight.of(i)))
             .collect();
         Fleet {
             states,
@@ -134,38 +149,41 @@ impl Router {
         }
     }
 
-    fn choose<H: Host>(
+    /// The pod an entry names, if it is configured here and the entry is of the pod's current
+    /// cache generation (older entries are dead).
+    fn live_owner(&self, fleet: &Fleet, e: &Entry) -> Option<usize> {
+        let i = *self.pod_index.get(&e.pod)?;
+        (fleet.states.get(i)?.generation == e.generation).then_some(i)
+    }
+
+    fn choose<S: Store>(
         &self,
-        table: &OwnershipTable<'_, H>,
+        table: &OwnershipTable<'_, S>,
         policy: Policy,
         hashes: &[BlockHash],
         fleet: &Fleet,
     ) -> Option<Decision> {
-        let pods = &self.config.pods;
         let input = Inputs {
             policy,
             weights: &self.config.weights,
-            pods,
+            pods: &self.config.pods,
             loads: &fleet.loads,
             hashes,
             counter: self.next_counter(),
             random: self.next_random(),
         };
         decide(&input, |h| {
-            table.owners(h).map(|e| {
-                let e = e?;
-                let i = pods.iter().position(|p| *p == e.pod)?;
-                // only entries of the pod's current cache generation are live
-                (fleet.states.get(i)?.generation == e.generation).then_some(i)
-            })
+            table
+                .owners(h)
+                .map(|e| e.and_then(|e| self.live_owner(fleet, &e)))
         })
     }
 
     /// Plain balancing (least loaded among healthy pods, rotating among equals), e.g. for
     /// `/v1/models` or when the router cannot read the prompt.
-    pub fn plain<H: Host>(&self, host: &H, reason: Reason) -> Decision {
-        let fleet = self.fleet(host);
-        let table = OwnershipTable::new(host, &self.layout);
+    pub fn plain<S: Store>(&self, store: &S, reason: Reason) -> Decision {
+        let fleet = self.fleet(store);
+        let table = OwnershipTable::new(store, &self.layout);
         let d = self.choose(&table, Policy::LeastLoaded, &[], &fleet);
         Decision {
             pod: d.map(|d| d.pod).unwrap_or(0),
@@ -173,20 +191,18 @@ impl Router {
         }
     }
 
-    /// Routes an inference request body. `Err` is a client error to answer with (4xx), exactly
-    /// as the server would; the router's own failures never surface here, they fall back.
-    pub fn route<H: Host>(
+    /// Routes an inference request body (already bounded by `max_body_bytes`). `Err` is a
+    /// client error to answer with (4xx), exactly as the server would; the router's own
+    /// failures never surface here, they fall back.
+    pub fn route<S: Store>(
         &self,
-        host: &H,
+        store: &S,
         endpoint: Endpoint,
         body: &[u8],
     ) -> Result<Routed, ApiError> {
-        if body.len() > self.config.max_body_bytes {
-            return Err(ApiError::too_large(self.config.max_body_bytes));
-        }
         let req = parse_request(endpoint, body)?;
         let fallback = |this: &Self| Routed {
-            decision: this.plain(host, Reason::Fallback),
+            decision: this.plain(store, Reason::Fallback),
             table: RecordStats::default(),
             prefix_hash: None,
             counted: false,
@@ -195,23 +211,22 @@ impl Router {
         let Some(bundle) = &self.bundle else {
             return Ok(fallback(self));
         };
-        let started = host.now_nanos();
+        let started = store.now_nanos();
         let prompt = bundle.prepare(&req)?;
-        let prepare_us = host.now_nanos().saturating_sub(started) / 1_000;
-        let fleet = self.fleet(host);
+        let prepare_us = store.now_nanos().saturating_sub(started) / 1_000;
+        let fleet = self.fleet(store);
         // one table for lookup and record, so the buckets the lookup read are not read again
-        let owners = OwnershipTable::new(host, &self.layout);
+        let owners = OwnershipTable::new(store, &self.layout);
         let Some(decision) = self.choose(&owners, self.config.policy, &prompt.hashes, &fleet)
         else {
             return Ok(fallback(self));
         };
-        let pod = self.pod(decision.pod);
-        let generation = fleet.states.get(decision.pod).map(|s| s.generation);
-        let table = owners.record(&prompt.hashes, pod, generation.unwrap_or(0));
+        let generation = fleet.states.get(decision.pod).map_or(0, |s| s.generation);
+        let table = owners.record(&prompt.hashes, self.pod(decision.pod), generation);
         // the in-flight read above is usually still current: one write, no second read
         let counted = fleet
             .inflight
-            .add(host, &self.inflight_key, decision.pod, 1)
+            .add(store, &self.inflight_key, decision.pod, 1)
             .is_some();
         Ok(Routed {
             decision,
@@ -220,6 +235,16 @@ impl Router {
             counted,
             prepare_us,
         })
+    }
+
+    /// The request's stream ended: release its in-flight slot on `pod`.
+    pub fn release<S: Store>(&self, store: &S, pod: usize) {
+        Inflight::read(store, &self.inflight_key, self.pods()).add(
+            store,
+            &self.inflight_key,
+            pod,
+            -1,
+        );
     }
 }
 
@@ -262,9 +287,7 @@ mod tests {
     /// The request finished: release its in-flight slot, as the filter does in `on_log`.
     fn done(r: &Router, host: &FakeHost, routed: &Routed) {
         if routed.counted {
-            Inflight::read(host, &r.inflight_key, 3)
-                .add(host, &r.inflight_key, routed.decision.pod, -1)
-                .unwrap();
+            r.release(host, routed.decision.pod);
         }
     }
 
@@ -386,9 +409,9 @@ mod tests {
         // blocks now belong to the pod that took over
         let ok =
             |epoch: &str| serde_json::json!({"epoch": epoch, "seq": 0, "events": []}).to_string();
-        crate::poller::apply_success(&host, &r.keys, &r.layout, &owner, ok("e1").as_bytes(), 1)
+        crate::poller::apply_body(&host, &r.keys, &r.layout, &owner, ok("e1").as_bytes(), 1)
             .unwrap();
-        crate::poller::apply_success(&host, &r.keys, &r.layout, &owner, ok("e2").as_bytes(), 2)
+        crate::poller::apply_body(&host, &r.keys, &r.layout, &owner, ok("e2").as_bytes(), 2)
             .unwrap();
         let again = r
             .route(&host, Endpoint::Completions, &body("abcdefgh"))
@@ -428,13 +451,6 @@ mod tests {
             .unwrap_err()
             .status,
             404
-        );
-        let big = vec![b' '; r.config.max_body_bytes + 1];
-        assert_eq!(
-            r.route(&host, Endpoint::Completions, &big)
-                .unwrap_err()
-                .status,
-            413
         );
     }
 

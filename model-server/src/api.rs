@@ -11,6 +11,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures::StreamExt;
+use prefix_core::protocol::{headers, LoadReport, EVENTS_PATH};
 use prefix_core::request::{parse_request, Endpoint};
 use prefix_core::ApiError;
 use serde_json::{json, Value};
@@ -21,9 +22,6 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-/// Response header naming the pod that answered.
-pub const POD_HEADER: &str = "x-inference-pod";
-
 pub fn router(state: Arc<AppState>) -> Router {
     let pod = HeaderValue::from_str(&state.pod).unwrap_or(HeaderValue::from_static("invalid"));
     Router::new()
@@ -33,13 +31,13 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .route("/tokenize", post(tokenize))
-        .route("/v1/cache/events", get(cache_events))
+        .route(EVENTS_PATH, get(cache_events))
         .fallback(not_found)
         .with_state(state)
         .layer(axum::middleware::map_response(move |mut res: Response| {
             let pod = pod.clone();
             async move {
-                res.headers_mut().insert(POD_HEADER, pod);
+                res.headers_mut().insert(headers::POD, pod);
                 res
             }
         }))
@@ -89,15 +87,14 @@ async fn cache_events(
     State(s): State<Arc<AppState>>,
     axum::extract::Query(q): axum::extract::Query<EventsQuery>,
 ) -> Response {
-    let page = s.cache.events_since(q.since);
-    let mut v = serde_json::to_value(&page).unwrap_or(Value::Null);
-    v["pod"] = json!(s.pod);
-    v["load"] = json!({
-        "running": s.metrics.running.get(),
-        "waiting": s.admission.waiting(),
-        "kv_cache_usage": s.cache.usage(),
-    });
-    Json(v).into_response()
+    let mut page = s.cache.events_since(q.since);
+    page.pod.clone_from(&s.pod);
+    page.load = LoadReport {
+        running: u32::try_from(s.metrics.running.get()).unwrap_or(0),
+        waiting: u32::try_from(s.admission.waiting()).unwrap_or(u32::MAX),
+        kv_cache_usage: s.cache.usage(),
+    };
+    Json(page).into_response()
 }
 
 async fn models(State(s): State<Arc<AppState>>) -> Json<Value> {

@@ -1,57 +1,11 @@
-//! Cache events: what this pod's prefix cache stored and evicted, for routers to follow.
-//!
-//! The same idea as vLLM / llm-d KV-cache events, over plain HTTP polling, no broker:
-//! every change gets a sequence number; a router asks for everything after the last number it
-//! saw. The history is bounded; a router that fell further behind is told to resync and gets a
-//! snapshot of every held block instead. The `epoch` is new at every process start, so a
-//! restarted pod (whose cache is empty) is recognised at once.
+//! The pod's bounded history of cache events, paged for routers to follow. The page and event
+//! types are the wire protocol's ([`prefix_core::protocol::events`], shared with the filter);
+//! this is the server's side of it: sequence numbers, the bounded history, page limits, and
+//! resync with a snapshot.
 
+pub use prefix_core::protocol::{CacheEvent, EventsPage, SeqEvent};
 use prefix_core::BlockHash;
-use serde::Serialize;
 use std::collections::VecDeque;
-
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "type")]
-pub enum CacheEvent {
-    BlockStored { hashes: Vec<BlockHash> },
-    BlockRemoved { hashes: Vec<BlockHash> },
-    AllCleared,
-}
-
-impl CacheEvent {
-    /// Block hashes the event carries.
-    fn hashes(&self) -> usize {
-        match self {
-            CacheEvent::BlockStored { hashes } | CacheEvent::BlockRemoved { hashes } => {
-                hashes.len()
-            }
-            CacheEvent::AllCleared => 0,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct SeqEvent {
-    pub seq: u64,
-    #[serde(flatten)]
-    pub event: CacheEvent,
-}
-
-/// A page of events after `since`.
-#[derive(Debug, Clone, Serialize)]
-pub struct EventsPage {
-    /// Process epoch as 16 hex digits (new at every start).
-    pub epoch: String,
-    /// The newest sequence number included (ask with `since=seq` next).
-    pub seq: u64,
-    /// The client was too far behind (or ahead: another epoch): forget this pod's blocks and
-    /// take `snapshot` as the full state.
-    pub reset: bool,
-    pub snapshot: Option<Vec<BlockHash>>,
-    pub events: Vec<SeqEvent>,
-    /// More events are waiting beyond this page.
-    pub more: bool,
-}
 
 #[derive(Debug)]
 pub struct EventLog {
@@ -116,6 +70,8 @@ impl EventLog {
                 snapshot: Some(held()),
                 events: Vec::new(),
                 more: false,
+                pod: String::new(),
+                load: Default::default(),
             };
         }
         let (mut taken, mut hashes) = (0, 0);
@@ -126,7 +82,7 @@ impl EventLog {
             .take(PAGE)
             .take_while(|e| {
                 taken += 1;
-                hashes += e.event.hashes();
+                hashes += e.event.hash_count();
                 taken == 1 || hashes <= PAGE_HASHES
             })
             .cloned()
@@ -139,6 +95,8 @@ impl EventLog {
             snapshot: None,
             more: seq < self.last_seq(),
             events,
+            pod: String::new(),
+            load: Default::default(),
         }
     }
 }

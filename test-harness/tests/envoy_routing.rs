@@ -110,8 +110,13 @@ fn repeated_prompt_sticks_to_one_pod_and_hits() {
     assert_eq!(stat("prefix_router_decisions_cold"), 1.0);
     assert_eq!(stat("prefix_router_decisions_prefix_hit"), 6.0);
     assert_eq!(stat("prefix_router_decisions_short_prompt"), 6.0);
-    assert_eq!(stat("prefix_router_fail_open"), 0.0);
+    assert_eq!(stat("prefix_router_decisions_fallback"), 0.0);
     let blocks = first.body["usage"]["prompt_tokens"].as_u64().unwrap() / 128;
+    assert_eq!(
+        stat("prefix_router_table_entries"),
+        blocks as f64,
+        "one prompt's blocks, one owner each"
+    );
     assert_eq!(
         stat("prefix_router_matched_blocks"),
         6.0 * blocks as f64,

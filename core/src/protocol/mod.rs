@@ -1,0 +1,17 @@
+//! Everything that crosses a process boundary between the filter, the model server and the
+//! test harness, defined once: both ends use these very types, so they cannot drift apart.
+//!
+//! - [`headers`]: HTTP header names (routing, pod identity, debug).
+//! - [`defaults`]: values both sides must agree on unless configured (model, block size,
+//!   body limit).
+//! - [`events`]: the model server's `GET /v1/cache/events` page, which the filter's poller
+//!   reads: cache events, the pod's load, its process epoch.
+//!
+//! The server serializes, the filter deserializes; `core/tests/protocol.rs` round-trips every
+//! message and pins the JSON against a golden sample.
+
+pub mod defaults;
+pub mod events;
+pub mod headers;
+
+pub use events::{CacheEvent, EventsPage, LoadReport, SeqEvent, EVENTS_PATH};
