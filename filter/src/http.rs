@@ -221,3 +221,259 @@ impl HttpContext for RouterHttp<EnvoyHost> {
         self.log();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::fake::FakeHost;
+    use crate::pods::{read_state, Inflight};
+    use crate::testing;
+
+    struct Stream {
+        host: Rc<FakeHost>,
+        router: Rc<Router>,
+        ctx: RouterHttp<FakeHost>,
+    }
+
+    fn setup(extra: &str) -> (Rc<FakeHost>, Rc<Router>, Rc<Metrics<FakeHost>>) {
+        let host = Rc::new(FakeHost::default());
+        let router = Rc::new(testing::router(extra));
+        let metrics = Rc::new(Metrics::define(Rc::clone(&host), router.pods()));
+        (host, router, metrics)
+    }
+
+    fn stream(
+        (host, router, metrics): &(Rc<FakeHost>, Rc<Router>, Rc<Metrics<FakeHost>>),
+        headers: &[(&str, &str)],
+    ) -> Stream {
+        host.new_stream(headers);
+        Stream {
+            host: Rc::clone(host),
+            router: Rc::clone(router),
+            ctx: RouterHttp::new(
+                Rc::clone(host),
+                Some(Rc::clone(router)),
+                Some(Rc::clone(metrics)),
+            ),
+        }
+    }
+
+    const POST: [(&str, &str); 2] = [(":method", "POST"), (":path", "/v1/completions")];
+
+    impl Stream {
+        fn destination(&self) -> Option<String> {
+            self.host.header(Headers::Request, headers::DESTINATION)
+        }
+        /// Sends `body` in two chunks, as Envoy would deliver a streamed body.
+        fn body(&mut self, body: &str) -> (Action, Action) {
+            let half = body.len() / 2;
+            *self.host.body.borrow_mut() = body.as_bytes()[..half].to_vec();
+            let first = self.ctx.request_body(half, false);
+            *self.host.body.borrow_mut() = body.as_bytes().to_vec();
+            (first, self.ctx.request_body(body.len(), true))
+        }
+        fn respond(&mut self, status: &str, from_pod: bool) {
+            let mut h = vec![(":status".to_owned(), status.to_owned())];
+            if from_pod {
+                h.push((headers::POD.to_owned(), "pod-x".to_owned()));
+            }
+            *self.host.response_headers.borrow_mut() = h;
+            assert_eq!(self.ctx.response_headers(), Action::Continue);
+        }
+        fn inflight(&self) -> Vec<u32> {
+            Inflight::read(&*self.host, &self.router.inflight_key, 3).counts
+        }
+    }
+
+    #[test]
+    fn an_inference_request_waits_for_its_body_then_is_routed_and_released() {
+        let f = setup("");
+        let mut s = stream(
+            &f,
+            &[POST[0], POST[1], (headers::DESTINATION, "10.0.0.1:1")],
+        );
+        assert_eq!(s.ctx.request_headers(false), Action::Pause);
+        assert_eq!(
+            s.destination(),
+            None,
+            "the client's destination is scrubbed at once"
+        );
+        let (first, last) = s.body(r#"{"prompt":"abcdefghijklmnop"}"#);
+        assert_eq!((first, last), (Action::Pause, Action::Continue));
+        let d = s.ctx.decision.unwrap();
+        assert_eq!(d.reason, Reason::Cold);
+        assert_eq!(s.destination().as_deref(), Some(s.router.pod(d.pod)));
+        assert_eq!(f.0.metric("prefix_router_decisions_cold"), 1);
+        assert_eq!(
+            f.0.metric("prefix_router_table_entries"),
+            4,
+            "4 blocks of 4 chars"
+        );
+        assert_eq!(s.inflight().iter().sum::<u32>(), 1);
+        s.respond("200", true);
+        s.ctx.log();
+        s.ctx.log(); // at most once
+        assert_eq!(s.inflight(), [0, 0, 0], "released when the stream ends");
+
+        // the same prompt again: a prefix hit on the same pod
+        let mut again = stream(&f, &POST);
+        again.ctx.request_headers(false);
+        again.body(r#"{"prompt":"abcdefghijklmnop"}"#);
+        assert_eq!(
+            again.ctx.decision.unwrap(),
+            Decision {
+                pod: d.pod,
+                reason: Reason::PrefixHit { blocks: 4 }
+            }
+        );
+        assert_eq!(f.0.metric("prefix_router_matched_blocks"), 4);
+    }
+
+    #[test]
+    fn other_requests_pass_through_balanced() {
+        let f = setup("");
+        for (method, path) in [
+            ("GET", "/v1/models"),
+            ("GET", "/v1/completions"),
+            ("POST", "/v1/embeddings"),
+        ] {
+            let mut s = stream(
+                &f,
+                &[
+                    (":method", method),
+                    (":path", path),
+                    (headers::DESTINATION, "10.0.0.1:1"),
+                ],
+            );
+            assert_eq!(s.ctx.request_headers(false), Action::Continue, "{path}");
+            assert_eq!(s.ctx.decision.unwrap().reason, Reason::Passthrough);
+            let dest = s.destination().unwrap();
+            assert!(dest.starts_with("127.0.0.1:800"), "{dest}");
+            assert_eq!(
+                s.ctx.request_body(3, true),
+                Action::Continue,
+                "not buffered"
+            );
+        }
+        assert_eq!(f.0.metric("prefix_router_decisions_passthrough"), 3);
+    }
+
+    #[test]
+    fn bad_requests_get_the_servers_json_errors() {
+        let f = setup("");
+        // declared too large: refused before buffering
+        let mut s = stream(&f, &[POST[0], POST[1], ("content-length", "4194305")]);
+        assert_eq!(s.ctx.request_headers(false), Action::Pause);
+        let sent = f.0.sent.borrow_mut().take().unwrap();
+        assert_eq!(sent.status, 413);
+        assert_eq!(
+            sent.headers,
+            [("content-type".to_owned(), "application/json".to_owned())]
+        );
+        let v: serde_json::Value = serde_json::from_slice(&sent.body).unwrap();
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+        assert_eq!(
+            s.ctx.request_body(10, true),
+            Action::Continue,
+            "already answered"
+        );
+        assert!(f.0.sent.borrow().is_none());
+        // no length declared, buffered past the limit
+        let mut s = stream(&f, &POST);
+        s.ctx.request_headers(false);
+        assert_eq!(
+            s.ctx.request_body(4 * 1024 * 1024 + 1, false),
+            Action::Pause
+        );
+        assert_eq!(f.0.sent.borrow_mut().take().unwrap().status, 413);
+        // malformed JSON and an unknown model: 400 and 404, nothing routed or counted
+        for (body, status) in [("{oops", 400), (r#"{"model":"other","prompt":"x"}"#, 404)] {
+            let mut s = stream(&f, &POST);
+            s.ctx.request_headers(false);
+            assert_eq!(s.body(body).1, Action::Pause, "{body}");
+            let sent = f.0.sent.borrow_mut().take().unwrap();
+            assert_eq!(sent.status, status, "{body}");
+            let v: serde_json::Value = serde_json::from_slice(&sent.body).unwrap();
+            assert!(v["error"]["message"].is_string(), "{v}");
+            assert!(s.ctx.decision.is_none());
+            assert_eq!(s.inflight(), [0, 0, 0]);
+        }
+        assert_eq!(f.0.metric("prefix_router_rejected"), 4);
+    }
+
+    #[test]
+    fn a_refused_connection_marks_the_pod_down() {
+        let f = setup("");
+        let mut s = stream(&f, &POST);
+        s.ctx.request_headers(false);
+        s.body(r#"{"prompt":"abcdefgh"}"#);
+        let pod = s.router.pod(s.ctx.decision.unwrap().pod).to_owned();
+        s.respond("503", true); // the pod itself answered 503: it is alive
+        assert!(read_state(&*f.0, &s.router.keys, &pod).0.healthy);
+        s.respond("503", false); // Envoy answered: the pod refused or reset
+        assert!(!read_state(&*f.0, &s.router.keys, &pod).0.healthy);
+        assert_eq!(f.0.logged("marked down"), 1);
+        // the next request avoids it
+        let mut next = stream(&f, &POST);
+        next.ctx.request_headers(false);
+        next.body(r#"{"prompt":"abcdefgh"}"#);
+        assert_ne!(next.router.pod(next.ctx.decision.unwrap().pod), pod);
+    }
+
+    #[test]
+    fn debug_headers_tell_the_decision() {
+        let f = setup(r#""debug_headers":true"#);
+        let mut s = stream(&f, &POST);
+        s.ctx.request_headers(false);
+        s.body(r#"{"prompt":"abcdefgh"}"#);
+        s.respond("200", true);
+        let h = |n| f.0.header(Headers::Response, n);
+        assert_eq!(h(debug::REASON).as_deref(), Some("cold"));
+        assert_eq!(h(debug::MATCHED_BLOCKS).as_deref(), Some("0"));
+        assert_eq!(h(debug::POD), s.destination());
+        let hashes = f.1.bundle.as_ref().unwrap();
+        let req =
+            prefix_core::request::parse_request(Endpoint::Completions, br#"{"prompt":"abcdefgh"}"#)
+                .unwrap();
+        let last = hashes
+            .prepare(&req)
+            .unwrap()
+            .hashes
+            .last()
+            .unwrap()
+            .to_hex();
+        assert_eq!(h(debug::PREFIX_HASH), Some(last));
+        // off by default
+        let f = setup("");
+        let mut s = stream(&f, &POST);
+        s.ctx.request_headers(false);
+        s.body(r#"{"prompt":"abcdefgh"}"#);
+        s.respond("200", true);
+        assert_eq!(f.0.header(Headers::Response, debug::REASON), None);
+    }
+
+    #[test]
+    fn bodies_ending_in_trailers_or_with_the_headers() {
+        let f = setup("");
+        let mut s = stream(&f, &POST);
+        s.ctx.request_headers(false);
+        *f.0.body.borrow_mut() = br#"{"prompt":"abcdefgh"}"#.to_vec();
+        assert_eq!(s.ctx.request_body(21, false), Action::Pause);
+        assert_eq!(s.ctx.request_trailers(), Action::Continue);
+        assert_eq!(s.ctx.decision.unwrap().reason, Reason::Cold);
+        // headers-only POST: decided on the (empty) body, the server's own 400
+        let mut s = stream(&f, &POST);
+        assert_eq!(s.ctx.request_headers(true), Action::Pause);
+        assert_eq!(f.0.sent.borrow().as_ref().map(|s| s.status), Some(400));
+    }
+
+    #[test]
+    fn an_unconfigured_filter_only_scrubs() {
+        let host = Rc::new(FakeHost::default());
+        host.new_stream(&[POST[0], POST[1], (headers::DESTINATION, "10.0.0.1:1")]);
+        let mut ctx = RouterHttp::new(Rc::clone(&host), None, None);
+        assert_eq!(ctx.request_headers(false), Action::Continue);
+        assert_eq!(host.header(Headers::Request, headers::DESTINATION), None);
+        ctx.log();
+    }
+}

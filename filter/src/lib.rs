@@ -38,6 +38,9 @@ pub mod root;
 pub mod router;
 pub mod tokenizer;
 
+#[cfg(test)]
+mod testing;
+
 use host::EnvoyHost;
 use proxy_wasm::traits::RootContext;
 use proxy_wasm::types::LogLevel;

@@ -365,4 +365,29 @@ mod tests {
         assert_eq!(e.generation, st.generation);
         assert_eq!(st.seq, 9);
     }
+
+    #[test]
+    fn a_clear_drops_the_blocks_stored_before_it_in_the_same_page() {
+        let host = FakeHost::default();
+        let keys = Keys::new("ns");
+        let layout = TableLayout::new("ns/t", 64);
+        let body = json!({"epoch": "e", "seq": 3, "events": [
+            {"seq": 1, "type": "BlockStored", "hashes": [BlockHash(1).to_hex()]},
+            {"seq": 2, "type": "AllCleared"},
+            {"seq": 3, "type": "BlockStored", "hashes": [BlockHash(2).to_hex()]},
+        ]})
+        .to_string();
+        let a = apply_body(&host, &keys, &layout, POD, body.as_bytes(), 1).unwrap();
+        assert_eq!(a.stored, 1);
+        let st = read_state(&host, &keys, POD).0;
+        let t = OwnershipTable::new(&host, &layout);
+        assert!(
+            t.owner(BlockHash(1)).is_none(),
+            "cleared after it was stored"
+        );
+        assert_eq!(
+            t.owner(BlockHash(2)).map(|e| e.generation),
+            Some(st.generation)
+        );
+    }
 }

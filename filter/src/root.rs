@@ -123,3 +123,193 @@ impl RootContext for RouterRoot<EnvoyHost> {
         Some(ContextType::HttpContext)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::fake::{Call, FakeHost};
+    use crate::host::Store;
+    use crate::pods::read_state;
+    use crate::poller::CATCH_UP_PAGES;
+    use prefix_core::protocol::headers;
+    use serde_json::json;
+
+    const PODS: &str = r#""pods":["127.0.0.1:8001","127.0.0.1:8002"]"#;
+
+    fn configured(extra: &str) -> RouterRoot<FakeHost> {
+        let host = Rc::new(FakeHost::default());
+        *host.config.borrow_mut() = format!("{{{PODS}{extra}}}").into_bytes();
+        let mut root = RouterRoot::new(host, 7);
+        assert!(root.configure());
+        root
+    }
+
+    fn answer(root: &RouterRoot<FakeHost>, call: &Call, status: &str, body: &serde_json::Value) {
+        let bytes = body.to_string().into_bytes();
+        let len = bytes.len();
+        *root.host.call_answer.borrow_mut() = Some((status.to_owned(), bytes));
+        root.call_answered(call.token, len);
+    }
+
+    fn page(seq: u64, more: bool) -> serde_json::Value {
+        json!({"epoch": "e1", "seq": seq, "more": more, "events": [
+            {"seq": seq, "type": "BlockStored", "hashes": [format!("{seq:016x}")]}
+        ], "load": {"running": 2, "waiting": 3, "kv_cache_usage": 0.5}})
+    }
+
+    fn state(root: &RouterRoot<FakeHost>, pod: &str) -> prefix_core::liveness::PodState {
+        let router = root.router.as_ref().unwrap();
+        read_state(&*root.host, &router.keys, pod).0
+    }
+
+    #[test]
+    fn a_bad_configuration_is_refused_naming_the_field() {
+        let host = Rc::new(FakeHost::default());
+        *host.config.borrow_mut() = br#"{"pods":["127.0.0.1:1"],"block_size":0}"#.to_vec();
+        let mut root = RouterRoot::new(Rc::clone(&host), 1);
+        assert!(!root.configure());
+        assert_eq!(host.logged("field 'block_size'"), 1);
+        assert!(root.router.is_none());
+        root.tick(); // nothing configured: nothing happens
+        assert!(host.take_calls().is_empty());
+    }
+
+    #[test]
+    fn configure_sets_up_polling_metrics_and_counts() {
+        let root = configured(r#","poll_interval_ms":250"#);
+        let host = &root.host;
+        assert_eq!(host.tick.get(), Some(Duration::from_millis(250)));
+        assert_eq!(
+            host.logged("tokenizer loaded"),
+            1,
+            "{:?}",
+            host.logs.borrow()
+        );
+        for name in [
+            "prefix_router_decisions_prefix_hit",
+            "prefix_router_decisions_least_loaded",
+            "prefix_router_pod1_healthy",
+            "prefix_router_route_us",
+        ] {
+            assert!(
+                host.metrics.borrow().iter().any(|(n, _, _)| n == name),
+                "{name} defined"
+            );
+        }
+        let router = root.router.as_ref().unwrap();
+        assert!(host.shared_get(&router.inflight_key).is_some());
+        // polling off: no timer
+        let off = configured(r#","poll_interval_ms":0"#);
+        assert_eq!(off.host.tick.get(), None);
+    }
+
+    #[test]
+    fn each_tick_polls_every_pod_once_and_applies_the_answers() {
+        let root = configured("");
+        root.tick();
+        let calls = root.host.take_calls();
+        assert_eq!(calls.len(), 2);
+        for (call, pod) in calls.iter().zip(["127.0.0.1:8001", "127.0.0.1:8002"]) {
+            assert_eq!(call.cluster, "pods");
+            assert_eq!(call.header(headers::DESTINATION), Some(pod));
+            assert_eq!(call.header(":path"), Some("/v1/cache/events?since=0"));
+            assert_eq!(call.timeout, Duration::from_millis(500));
+        }
+        // pod 0 answers; pod 1's poll is still out, so the next tick skips it
+        answer(&root, &calls[0], "200", &page(4, false));
+        let st = state(&root, "127.0.0.1:8001");
+        assert_eq!((st.seq, st.running, st.waiting), (4, 2, 3));
+        assert_eq!(root.host.metric("prefix_router_events_blocks_stored"), 1);
+        assert_eq!(root.host.metric("prefix_router_table_entries"), 1);
+        root.tick();
+        let calls = root.host.take_calls();
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].header(":path"), Some("/v1/cache/events?since=4"));
+        assert_eq!(root.host.metric("prefix_router_pod0_healthy"), 1);
+        // an answer to a call that is not one of ours is ignored
+        root.call_answered(999_999, 0);
+    }
+
+    #[test]
+    fn a_pod_with_more_events_is_asked_again_within_a_bound() {
+        let root = configured("");
+        root.tick();
+        let calls = root.host.take_calls();
+        answer(&root, &calls[1], "200", &page(0, false));
+        answer(&root, &calls[0], "200", &page(1, true));
+        let mut pages = 0;
+        loop {
+            let calls = root.host.take_calls();
+            let Some(call) = calls.first() else { break };
+            pages += 1;
+            let seq = pages + 1;
+            assert_eq!(
+                call.header(":path"),
+                Some(format!("/v1/cache/events?since={}", seq - 1).as_str())
+            );
+            answer(&root, call, "200", &page(seq, true));
+        }
+        assert_eq!(
+            pages, CATCH_UP_PAGES as u64,
+            "then it waits for the next tick"
+        );
+        root.tick();
+        assert_eq!(
+            root.host.take_calls().len(),
+            2,
+            "next tick: both pods again"
+        );
+    }
+
+    #[test]
+    fn failed_polls_take_a_pod_down_and_a_good_one_brings_it_back() {
+        let root = configured(r#","down_after_failures":2"#);
+        let pod = "127.0.0.1:8002";
+        for (status, body) in [("503", json!({})), ("200", json!({"not": "a page"}))] {
+            root.tick();
+            let calls = root.host.take_calls();
+            answer(&root, &calls[0], "200", &page(0, false));
+            answer(&root, &calls[1], status, &body);
+        }
+        assert!(!state(&root, pod).healthy);
+        assert_eq!(root.host.metric("prefix_router_polls_failed"), 2);
+        assert_eq!(root.host.logged("marked down"), 1);
+        root.tick();
+        assert_eq!(root.host.metric("prefix_router_pod1_healthy"), 0);
+        let calls = root.host.take_calls();
+        answer(&root, &calls[1], "200", &page(1, false));
+        assert!(state(&root, pod).healthy);
+        assert_eq!(root.host.logged("is back"), 1);
+        // a poll that cannot even be dispatched counts as failed
+        root.host.fail_calls.set(true);
+        root.tick();
+        root.tick();
+        assert!(!state(&root, pod).healthy);
+    }
+
+    #[test]
+    fn only_the_lease_holder_polls() {
+        let a = configured("");
+        let host = Rc::clone(&a.host);
+        let mut b = RouterRoot::new(Rc::clone(&host), 8); // a second VM, same shared data
+        assert!(b.configure());
+        a.tick();
+        assert_eq!(host.take_calls().len(), 2);
+        b.tick();
+        assert!(host.take_calls().is_empty(), "a holds the lease");
+    }
+
+    #[test]
+    fn streams_share_the_workers_router() {
+        let root = configured("");
+        root.host
+            .new_stream(&[(":method", "GET"), (":path", "/v1/models")]);
+        let mut ctx = root.http_context();
+        assert_eq!(
+            ctx.request_headers(true),
+            proxy_wasm::types::Action::Continue
+        );
+        assert!(ctx.decision.is_some());
+        assert_eq!(root.host.metric("prefix_router_decisions_passthrough"), 1);
+    }
+}

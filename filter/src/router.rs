@@ -252,36 +252,10 @@ impl Router {
 mod tests {
     use super::*;
     use crate::host::fake::FakeHost;
-    use prefix_core::BlockSize;
-
-    /// A byte-level tokenizer good enough for routing tests: each character is a token.
-    fn tiny_bundle(block: u32) -> ModelBundle {
-        let vocab: serde_json::Map<String, serde_json::Value> = (0u8..=255)
-            .map(|b| (String::from(b as char), serde_json::json!(b)))
-            .collect();
-        let tok = serde_json::json!({
-            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-            "normalizer": null, "pre_tokenizer": null, "post_processor": null, "decoder": null,
-            "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "?"}
-        });
-        // WordLevel needs a splitter; use per-character splitting
-        let mut tok = tok;
-        tok["pre_tokenizer"] = serde_json::json!({"type": "Split", "pattern": {"Regex": "."}, "behavior": "Isolated", "invert": false});
-        ModelBundle::new(
-            "m",
-            tok.to_string().as_bytes(),
-            None,
-            BlockSize::new(block).unwrap(),
-        )
-        .unwrap()
-    }
+    use crate::testing::tiny_bundle;
 
     fn router(bundle: Option<ModelBundle>) -> Router {
-        let cfg = RouterConfig::parse(
-            br#"{"pods":["127.0.0.1:8001","127.0.0.1:8002","127.0.0.1:8003"],"block_size":4,"model_name":"m","table_capacity":4096}"#,
-        )
-        .unwrap();
-        Router::new(cfg, bundle, 0)
+        Router::new(crate::testing::config(""), bundle, 0)
     }
 
     /// The request finished: release its in-flight slot, as the filter does in `on_log`.

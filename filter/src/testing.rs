@@ -1,0 +1,42 @@
+//! Test support shared by the filter's unit tests.
+
+use crate::router::Router;
+use prefix_core::router_config::RouterConfig;
+use prefix_core::{BlockSize, ModelBundle};
+
+/// A byte-level tokenizer good enough for routing tests: each character is a token.
+pub fn tiny_bundle(block: u32) -> ModelBundle {
+    let vocab: serde_json::Map<String, serde_json::Value> = (0u8..=255)
+        .map(|b| (String::from(b as char), serde_json::json!(b)))
+        .collect();
+    let tok = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null,
+        // WordLevel needs a splitter: one token per character
+        "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "."}, "behavior": "Isolated", "invert": false},
+        "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "?"}
+    });
+    ModelBundle::new(
+        "m",
+        tok.to_string().as_bytes(),
+        None,
+        BlockSize::new(block).unwrap(),
+    )
+    .unwrap()
+}
+
+/// Three pods, 4-token blocks, model `m`, plus `extra` config fields (a JSON object's inner
+/// text, e.g. `"debug_headers":true`).
+pub fn config(extra: &str) -> RouterConfig {
+    let sep = if extra.is_empty() { "" } else { "," };
+    let json = format!(
+        r#"{{"pods":["127.0.0.1:8001","127.0.0.1:8002","127.0.0.1:8003"],"block_size":4,"model_name":"m","table_capacity":4096{sep}{extra}}}"#
+    );
+    RouterConfig::parse(json.as_bytes()).unwrap()
+}
+
+/// A router on [`config`] with the tiny tokenizer.
+pub fn router(extra: &str) -> Router {
+    Router::new(config(extra), Some(tiny_bundle(4)), 0)
+}
