@@ -4,18 +4,22 @@
 //! the filter carries it: `PREFIX_ROUTER_TOKENIZER_DIR` (a directory with `tokenizer.json` and
 //! optionally `tokenizer_config.json`) defaults to the model `scripts/setup.sh` installs.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+/// The defaults the filter, the server and the harness share (the same file `prefix-core`
+/// compiles as `protocol::defaults`).
+#[allow(dead_code)]
+#[path = "../core/src/protocol/defaults.rs"]
+mod defaults;
 
 fn main() {
     println!("cargo:rerun-if-env-changed=PREFIX_ROUTER_TOKENIZER_DIR");
-    println!("cargo:rerun-if-env-changed=PREFIX_ROUTER_DATA");
+    println!("cargo:rerun-if-env-changed={}", defaults::DATA_DIR_ENV);
     let dir = std::env::var_os("PREFIX_ROUTER_TOKENIZER_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
-            let data = std::env::var_os("PREFIX_ROUTER_DATA")
-                .map(PathBuf::from)
-                .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../data"));
-            data.join("models/SmolLM2-135M-Instruct")
+            let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+            defaults::model_dir(&defaults::data_dir(&repo))
         });
     let json = dir.join("tokenizer.json");
     if !json.is_file() {

@@ -26,7 +26,7 @@ pub const HASH_SEED: u64 = 0x7072_6566_6978_3031; // "prefix01"
 const ROOT_DOMAIN: &[u8] = b"prefix-router/v1\0";
 
 /// Default block size in tokens (vLLM's prefix-cache block size used in the reference demo).
-pub const DEFAULT_BLOCK_SIZE: u32 = 128;
+pub const DEFAULT_BLOCK_SIZE: u32 = crate::protocol::defaults::BLOCK_SIZE;
 
 /// The chained hash of one full block (and therefore of the whole prefix ending with it).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, Default)]

@@ -63,6 +63,17 @@ impl ApiError {
         }
     }
 
+    /// 405: the path exists, but not for this method.
+    pub fn method_not_allowed(method: &str, path: &str) -> Self {
+        ApiError {
+            status: 405,
+            message: format!("{method} is not allowed on {path}"),
+            kind: "invalid_request_error",
+            param: None,
+            code: Some("method_not_allowed"),
+        }
+    }
+
     /// 429: the server is at capacity (queue full).
     pub fn overloaded(message: impl Into<String>) -> Self {
         ApiError {

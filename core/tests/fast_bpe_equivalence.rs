@@ -5,14 +5,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
+use prefix_core::protocol::defaults;
 use prefix_core::tokenizer::Tokenizer;
-use std::path::PathBuf;
+use std::path::Path;
 
 fn tokenizer_json() -> Vec<u8> {
-    let dir = std::env::var_os("PREFIX_ROUTER_DATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../data")))
-        .join("models/SmolLM2-135M-Instruct");
+    let repo = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+    let dir = defaults::model_dir(&defaults::data_dir(repo));
     std::fs::read(dir.join("tokenizer.json"))
         .unwrap_or_else(|e| panic!("{}: {e} — run scripts/setup.sh", dir.display()))
 }

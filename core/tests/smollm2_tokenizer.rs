@@ -4,15 +4,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
+use prefix_core::protocol::defaults;
 use prefix_core::request::{parse_request, Endpoint};
 use prefix_core::{BlockSize, ModelBundle};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 fn model_dir() -> PathBuf {
-    std::env::var_os("PREFIX_ROUTER_DATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../data")))
-        .join("models/SmolLM2-135M-Instruct")
+    let repo = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+    defaults::model_dir(&defaults::data_dir(repo))
 }
 
 fn bundle() -> ModelBundle {
@@ -21,7 +20,7 @@ fn bundle() -> ModelBundle {
         .unwrap_or_else(|e| panic!("{}: {e} — run scripts/setup.sh first", dir.display()));
     let cfg = std::fs::read(dir.join("tokenizer_config.json")).unwrap();
     ModelBundle::new(
-        "SmolLM2-135M-Instruct",
+        defaults::MODEL_NAME,
         &json,
         Some(&cfg),
         BlockSize::default(),

@@ -72,9 +72,14 @@ mod tests {
         let s1 = a.enter(|_| {}).await.unwrap();
         let a2 = Arc::clone(&a);
         let waiter = tokio::spawn(async move { a2.enter(|_| {}).await.is_ok() });
-        while a.waiting() == 0 {
-            tokio::task::yield_now().await;
-        }
+        let queued = async {
+            while a.waiting() == 0 {
+                tokio::task::yield_now().await;
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(10), queued)
+            .await
+            .expect("the second request never queued");
         assert!(a.enter(|_| {}).await.is_err(), "line full → refused");
         drop(s1);
         assert!(waiter.await.unwrap());

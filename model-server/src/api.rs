@@ -33,6 +33,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/tokenize", post(tokenize))
         .route(EVENTS_PATH, get(cache_events))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
         .layer(axum::middleware::map_response(move |mut res: Response| {
             let pod = pod.clone();
@@ -61,6 +62,13 @@ async fn not_found(req: Request) -> Response {
         )
         .with_code("not_found"),
     )
+}
+
+async fn method_not_allowed(req: Request) -> Response {
+    error_response(&ApiError::method_not_allowed(
+        req.method().as_str(),
+        req.uri().path(),
+    ))
 }
 
 async fn health(State(s): State<Arc<AppState>>) -> Json<Value> {

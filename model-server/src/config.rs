@@ -4,24 +4,25 @@ use clap::Parser;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
-/// Name under which the default model is served.
-pub const DEFAULT_MODEL_NAME: &str = "SmolLM2-135M-Instruct";
+use prefix_core::protocol::defaults;
+pub use prefix_core::protocol::defaults::MODEL_NAME as DEFAULT_MODEL_NAME;
 
 /// Where `scripts/setup.sh` puts models: `$PREFIX_ROUTER_DATA`, else `<repo>/data`.
 pub fn data_dir() -> PathBuf {
-    std::env::var_os("PREFIX_ROUTER_DATA")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../data")))
+    defaults::data_dir(std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/.."
+    )))
 }
 
 /// The default model directory (GGUF + tokenizer.json + tokenizer_config.json).
 pub fn default_model_dir() -> PathBuf {
-    data_dir().join("models").join(DEFAULT_MODEL_NAME)
+    defaults::model_dir(&data_dir())
 }
 
 /// The default model file that `scripts/setup.sh` installs.
 pub fn default_model_file() -> PathBuf {
-    default_model_dir().join("SmolLM2-135M-Instruct.Q4_1.gguf")
+    default_model_dir().join(defaults::MODEL_FILE)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -43,7 +44,7 @@ pub struct Config {
     #[arg(long)]
     pub pod_name: Option<String>,
     /// Prefix-cache block size in tokens (must equal the router's).
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = defaults::BLOCK_SIZE)]
     pub block_size: u32,
     /// Prefix-cache capacity in blocks (0 disables the cache). Default: 4096 for `sim`, 256
     /// for `candle`, where each block holds its K/V (≈ 5.6 MiB per block for SmolLM2-135M).
@@ -59,7 +60,7 @@ pub struct Config {
     #[arg(long, default_value_t = 8192)]
     pub max_model_len: usize,
     /// Largest request body in bytes (413 beyond).
-    #[arg(long, default_value_t = 4 * 1024 * 1024)]
+    #[arg(long, default_value_t = defaults::MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
     /// Tokens generated when a request sets no `max_tokens`.
     #[arg(long, default_value_t = 16)]

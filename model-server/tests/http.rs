@@ -226,6 +226,17 @@ async fn models_health_tokenize() {
     let r = s.http.get(s.url("/nope")).send().await.unwrap();
     assert_eq!(r.status(), 404);
     assert_eq!(r.headers()["x-inference-pod"], "pod-test");
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "not_found");
+    // a known path with the wrong method: 405, as JSON like every other error
+    for path in ["/v1/completions", "/v1/chat/completions", "/tokenize"] {
+        let r = s.http.get(s.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), 405, "{path}");
+        assert_eq!(r.headers()["content-type"], "application/json");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "method_not_allowed", "{path}");
+        assert_eq!(v["error"]["type"], "invalid_request_error");
+    }
     s.shutdown().await;
 }
 
@@ -316,9 +327,14 @@ async fn full_queue_is_429_and_shutdown_drains() {
         })
     };
     // wait until it is running
-    while s.metric("vllm:num_requests_running").await < 1.0 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let running = async {
+        while s.metric("vllm:num_requests_running").await < 1.0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), running)
+        .await
+        .expect("the slow request never started running");
     let (st, v, _) = s.post("/v1/completions", &json!({"prompt": "x"})).await;
     assert_eq!(st, 429, "{v}");
     assert_eq!(v["error"]["type"], "rate_limit_error");

@@ -1,6 +1,7 @@
-//! Renders `envoy/envoy.yaml.tmpl` for a given set of pods and ports.
+//! Renders `envoy/envoy.yaml.j2` (minijinja) for a given set of pods and ports.
 
-use anyhow::{bail, Context};
+use anyhow::Context;
+use prefix_core::protocol::defaults;
 use prefix_core::router_config::RouterConfig;
 use serde_json::json;
 use std::path::{Path, PathBuf};
@@ -38,9 +39,9 @@ impl EnvoySettings {
             admin_port,
             pods,
             wasm,
-            block_size: 128,
-            model_name: "SmolLM2-135M-Instruct".into(),
-            max_body_bytes: 4 * 1024 * 1024,
+            block_size: defaults::BLOCK_SIZE,
+            model_name: defaults::MODEL_NAME.into(),
+            max_body_bytes: defaults::MAX_BODY_BYTES,
             debug_headers: true,
             table_capacity: 65_536,
             policy: "prefix".into(),
@@ -68,60 +69,42 @@ impl EnvoySettings {
     }
 }
 
-fn fill(template: &str, vars: &[(&str, String)]) -> anyhow::Result<String> {
-    let mut out = template.to_owned();
-    for (k, v) in vars {
-        out = out.replace(&format!("{{{{{k}}}}}"), v);
+/// The Envoy template's name in [`crate::paths::envoy_template_dir`].
+pub const TEMPLATE: &str = "envoy.yaml.j2";
+
+/// Renders the config from the template in `template_dir`, after validating the plugin
+/// configuration exactly as the filter will (a bad value fails here, with the field named).
+pub fn render(settings: &EnvoySettings, template_dir: &Path) -> anyhow::Result<String> {
+    if settings.wasm.is_some() {
+        RouterConfig::parse(settings.plugin_config().as_bytes())?;
     }
-    if let Some(i) = out.find("{{") {
-        let rest: String = out[i..].chars().take(40).collect();
-        bail!("unfilled placeholder in Envoy template: {rest}");
-    }
-    Ok(out)
+    render_unchecked(settings, template_dir)
 }
 
-/// Renders the config from the templates in `template_dir`.
-pub fn render(settings: &EnvoySettings, template_dir: &Path) -> anyhow::Result<String> {
-    let read = |name: &str| {
-        std::fs::read_to_string(template_dir.join(name))
-            .with_context(|| format!("reading {}", template_dir.join(name).display()))
-    };
-    // Validate exactly as the filter will, so a bad value fails here with the field named.
+/// Renders without validating the plugin configuration: only for proving that Envoy itself
+/// refuses a bad one.
+pub fn render_unchecked(settings: &EnvoySettings, template_dir: &Path) -> anyhow::Result<String> {
+    let path = template_dir.join(TEMPLATE);
+    let template =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let plugin = settings.plugin_config();
-    if settings.wasm.is_some() {
-        RouterConfig::parse(plugin.as_bytes())?;
-    }
-    let mut endpoints = String::new();
+    let mut pods = Vec::new();
     for p in &settings.pods {
-        let (host, port) = p
-            .rsplit_once(':')
-            .with_context(|| format!("pod '{p}' is not host:port"))?;
-        endpoints.push_str(&format!(
-            "        - endpoint: {{ address: {{ socket_address: {{ address: {host}, port_value: {port} }} }} }}\n"
-        ));
+        let addr: std::net::SocketAddr = p
+            .parse()
+            .with_context(|| format!("pod '{p}' is not ip:port"))?;
+        pods.push(json!({"host": addr.ip().to_string(), "port": addr.port()}));
     }
-    let wasm_filter = match &settings.wasm {
-        Some(path) => fill(
-            &read("wasm-filter.yaml.tmpl")?,
-            &[
-                // single-quoted YAML scalar: double any single quote
-                ("PLUGIN_CONFIG", plugin.replace('\'', "''")),
-                ("WASM_PATH", path.display().to_string()),
-            ],
-        )?,
-        None => String::new(),
-    };
-    fill(
-        &read("envoy.yaml.tmpl")?,
-        &[
-            ("ADMIN_PORT", settings.admin_port.to_string()),
-            ("LISTEN_PORT", settings.listen_port.to_string()),
-            (
-                "BUFFER_LIMIT",
-                (settings.max_body_bytes + 64 * 1024).to_string(),
-            ),
-            ("WASM_FILTER", wasm_filter.trim_end().to_owned()),
-            ("POD_ENDPOINTS", endpoints.trim_end().to_owned()),
-        ],
-    )
+    let mut env = minijinja::Environment::new();
+    env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
+    env.add_template(TEMPLATE, &template)?;
+    let yaml = env.get_template(TEMPLATE)?.render(json!({
+        "admin_port": settings.admin_port,
+        "listen_port": settings.listen_port,
+        "buffer_limit": settings.max_body_bytes + 64 * 1024,
+        "plugin_config": plugin,
+        "wasm_path": settings.wasm.as_ref().map(|p| p.display().to_string()),
+        "pods": pods,
+    }))?;
+    Ok(yaml)
 }

@@ -40,7 +40,7 @@ impl Answer {
         let status = r.status().as_u16();
         let headers = r.headers().clone();
         let pod = headers
-            .get("x-inference-pod")
+            .get(prefix_core::protocol::headers::POD)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_owned();
@@ -68,7 +68,7 @@ impl Answer {
     }
 
     pub fn reason(&self) -> &str {
-        self.header("x-prefix-router-reason")
+        self.header(prefix_core::protocol::headers::debug::REASON)
     }
 }
 

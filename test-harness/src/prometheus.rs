@@ -5,7 +5,7 @@ use crate::paths;
 use crate::process::{free_port, wait_until, Proc};
 use anyhow::{bail, Context};
 use reqwest::blocking::Client;
-use serde_json::Value;
+use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
@@ -21,24 +21,25 @@ pub struct Prometheus {
 pub type Sample = (BTreeMap<String, String>, f64);
 
 /// The scrape configuration: pods keep their own `pod` label (`honor_labels`); Envoy's admin
-/// stats (the filter's metrics) are a second job.
+/// stats (the filter's metrics) are a second job. Written as JSON, which is YAML.
 pub fn config_yaml(pods: &[String], envoy_admin: Option<u16>) -> String {
-    let list = |v: &[String]| {
-        v.iter()
-            .map(|t| format!("'{t}'"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    let mut y = format!(
-        "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n- job_name: pods\n  honor_labels: true\n  static_configs:\n  - targets: [{}]\n",
-        list(pods)
-    );
+    let mut jobs = vec![json!({
+        "job_name": "pods",
+        "honor_labels": true,
+        "static_configs": [{"targets": pods}],
+    })];
     if let Some(port) = envoy_admin {
-        y.push_str(&format!(
-            "- job_name: envoy\n  metrics_path: /stats/prometheus\n  static_configs:\n  - targets: ['127.0.0.1:{port}']\n"
-        ));
+        jobs.push(json!({
+            "job_name": "envoy",
+            "metrics_path": "/stats/prometheus",
+            "static_configs": [{"targets": [format!("127.0.0.1:{port}")]}],
+        }));
     }
-    y
+    json!({
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": jobs,
+    })
+    .to_string()
 }
 
 impl Prometheus {

@@ -288,6 +288,12 @@ fn bad_input_gets_4xx_json_and_envoy_keeps_serving() {
         );
         assert!(a.body["error"]["type"].is_string());
     }
+    // the wrong method on an inference path: passed through, answered 405 in JSON
+    for path in ["/v1/completions", "/v1/chat/completions"] {
+        let a = answer(f.http.get(f.envoy.url(path)).send().unwrap());
+        assert_eq!(a.status, 405, "{path}: {}", a.body);
+        assert_eq!(a.body["error"]["code"], "method_not_allowed");
+    }
     // a body the filter accepts but the server rejects (too long for the model) is the server's 400
     let a = f.send(
         "/v1/completions",
@@ -307,34 +313,57 @@ fn bad_input_gets_4xx_json_and_envoy_keeps_serving() {
 
 #[test]
 fn bad_plugin_configuration_fails_envoy_load_naming_the_field() {
-    use test_harness::envoy_config::{render, EnvoySettings};
+    use test_harness::envoy_config::{render, render_unchecked, EnvoySettings};
     use test_harness::paths;
     let dir = test_harness::cluster::run_dir("badcfg");
     std::fs::create_dir_all(&dir).unwrap();
-    let s = EnvoySettings::new(
+    let mut s = EnvoySettings::new(
         test_harness::process::free_port().unwrap(),
         test_harness::process::free_port().unwrap(),
         vec!["127.0.0.1:1".into()],
         Some(paths::wasm_path()),
     );
-    let yaml = render(&s, &paths::envoy_template_dir())
-        .unwrap()
-        .replace("\"table_capacity\":65536", "\"table_capacity\":0");
+    s.table_capacity = 0;
+    let refused = render(&s, &paths::envoy_template_dir()).unwrap_err();
+    assert!(
+        refused.to_string().contains("'table_capacity'"),
+        "{refused}"
+    );
+    let yaml = render_unchecked(&s, &paths::envoy_template_dir()).unwrap();
+    assert!(
+        yaml.contains(r#"\"table_capacity\":0"#),
+        "the bad value is in the config"
+    );
     let path = dir.join("bad.yaml");
     std::fs::write(&path, yaml).unwrap();
-    let out = std::process::Command::new(paths::envoy_bin())
-        .args(["--disable-hot-restart", "--concurrency", "1", "-c"])
+    let log_path = dir.join("envoy.log");
+    let mut envoy = std::process::Command::new(paths::envoy_bin())
+        .args(["--disable-hot-restart", "--concurrency", "1", "--log-path"])
+        .arg(&log_path)
+        .arg("-c")
         .arg(&path)
-        .output()
+        .spawn()
         .unwrap();
+    // Envoy must exit by itself; one that accepted the configuration would keep running.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = envoy.try_wait().unwrap() {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = envoy.kill();
+            let _ = envoy.wait();
+            panic!("Envoy accepted a bad plugin configuration (still running after 60 s)");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
     assert!(
-        !out.status.success(),
+        !status.success(),
         "Envoy must refuse a bad plugin configuration"
     );
-    let log =
-        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    let log = std::fs::read_to_string(&log_path).unwrap();
     assert!(
-        log.contains("table_capacity"),
+        log.contains("field 'table_capacity'"),
         "error should name the field:\n{log}"
     );
 }

@@ -51,6 +51,13 @@ fn killed_pod_is_avoided() {
                 after_kill += 1;
                 if a.status != 200 {
                     failed.push((i, t.elapsed(), a.status));
+                    // Envoy's own reply (the pod is gone) is an OpenAI-style JSON error too
+                    assert!(
+                        a.body["error"]["message"].is_string(),
+                        "request {i}: {} {}",
+                        a.status,
+                        a.body
+                    );
                 }
                 if t.elapsed() > Duration::from_millis(POLL_MS * 3) {
                     assert_eq!(
@@ -268,11 +275,26 @@ fn separate_envoys_agree_and_learn_from_events() {
     f.wait_polled(&b).unwrap();
     f.wait_polled(&a_rr).unwrap();
 
-    // the same cold prompt goes to the same pod through two independent prefix Envoys
+    // the same cold prompt goes to the same pod through two independent prefix Envoys: C
+    // polls nothing, so it cannot have learned the first placement; it agrees by rendezvous
+    let c_blind = start_envoy(
+        "envoy-c-blind",
+        &f.addrs(),
+        true,
+        |s| s.poll_interval_ms = 0,
+        &f.dir,
+    )
+    .unwrap();
     let cold = prompt("independent replicas");
     let via_main = f.send("/v1/completions", &cold, &[]);
-    let via_b = f.send_via(&b, "/v1/completions", &prompt("independent replicas"), &[]);
-    assert_eq!(via_main.pod, via_b.pod);
+    assert_eq!(via_main.reason(), "cold");
+    let via_c = f.send_via(&c_blind, "/v1/completions", &cold, &[]);
+    assert_eq!(
+        via_c.reason(),
+        "cold",
+        "C has no shared state with the first Envoy"
+    );
+    assert_eq!(via_main.pod, via_c.pod, "independent replicas agree");
 
     // a prompt placed by the round-robin Envoy is learned by B from the pod's events
     let stored_before = f.stat(&b, "prefix_router_events_blocks_stored");

@@ -1,7 +1,13 @@
 //! Defaults that the filter, the model server and the harness must share: a router and its
 //! pods hash the same blocks only when they agree on these.
+//!
+//! Self-contained (std only), so the filter's build script includes this very file to find
+//! the tokenizer it embeds.
 
-pub use crate::block::DEFAULT_BLOCK_SIZE as BLOCK_SIZE;
+use std::path::{Path, PathBuf};
+
+/// Tokens per prefix-cache block (vLLM's block size in the reference demo).
+pub const BLOCK_SIZE: u32 = 128;
 
 /// The model served (and hashed into every block's root) unless configured otherwise.
 pub const MODEL_NAME: &str = "SmolLM2-135M-Instruct";
@@ -12,11 +18,17 @@ pub const MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 /// Largest request body (bytes) buffered by the filter and read by the server.
 pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 
-/// Environment variable naming the data directory (`<repo>/data` otherwise), where
-/// `scripts/setup.sh` installs models.
+/// Environment variable naming the data directory, where `scripts/setup.sh` installs models.
 pub const DATA_DIR_ENV: &str = "PREFIX_ROUTER_DATA";
 
-/// The default model's directory under the data directory.
-pub fn model_dir(data_dir: &std::path::Path) -> std::path::PathBuf {
+/// The data directory: `$PREFIX_ROUTER_DATA`, else `<repo_root>/data`.
+pub fn data_dir(repo_root: &Path) -> PathBuf {
+    std::env::var_os(DATA_DIR_ENV)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root.join("data"))
+}
+
+/// The default model's directory (GGUF, `tokenizer.json`, `tokenizer_config.json`).
+pub fn model_dir(data_dir: &Path) -> PathBuf {
     data_dir.join("models").join(MODEL_NAME)
 }

@@ -66,7 +66,7 @@ async fn one(
         out.status = resp.status().as_u16();
         out.pod = resp
             .headers()
-            .get("x-inference-pod")
+            .get(prefix_core::protocol::headers::POD)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_owned();

@@ -3,18 +3,26 @@
 //! `render-envoy-config --pods 127.0.0.1:8001,127.0.0.1:8002 --listen-port 10000 > envoy.yaml`
 
 use clap::Parser;
+use prefix_core::protocol::defaults;
 use std::path::PathBuf;
 use test_harness::envoy_config::{render, EnvoySettings};
 use test_harness::paths;
 
 #[derive(Parser)]
-#[command(version, about)]
+#[command(
+    version,
+    about = "Writes the Envoy configuration for prefix-router in front of a list of pods: the \
+             listener, the header scrubbing, the wasm filter with its plugin configuration \
+             (validated exactly as the filter will), and the pod clusters."
+)]
 struct Args {
     /// Pods as ip:port, comma-separated.
     #[arg(long, value_delimiter = ',', required = true)]
     pods: Vec<String>,
+    /// Port of the inference listener (on 127.0.0.1).
     #[arg(long, default_value_t = 10000)]
     listen_port: u16,
+    /// Port of Envoy's admin interface (on 127.0.0.1; /stats/prometheus has the filter's metrics).
     #[arg(long, default_value_t = 9901)]
     admin_port: u16,
     /// The filter's .wasm (default: the release build).
@@ -23,15 +31,19 @@ struct Args {
     /// Render Envoy without the filter (plain round-robin).
     #[arg(long)]
     no_filter: bool,
-    #[arg(long, default_value_t = 128)]
+    /// Prefix-cache block size in tokens (must equal the pods').
+    #[arg(long, default_value_t = defaults::BLOCK_SIZE)]
     block_size: u32,
-    #[arg(long, default_value = "SmolLM2-135M-Instruct")]
+    /// Served model name (seeds the block hashes, as the pods' --served-model-name).
+    #[arg(long, default_value = defaults::MODEL_NAME)]
     model_name: String,
-    #[arg(long, default_value_t = 4 * 1024 * 1024)]
+    /// Largest request body the filter buffers (413 beyond).
+    #[arg(long, default_value_t = defaults::MAX_BODY_BYTES)]
     max_body_bytes: usize,
     /// Add x-prefix-router-* debug response headers.
     #[arg(long)]
     debug_headers: bool,
+    /// Entries of the filter's ownership table.
     #[arg(long, default_value_t = 65_536)]
     table_capacity: u64,
     /// Routing policy: prefix, round_robin, random, least_loaded.
