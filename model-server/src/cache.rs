@@ -12,12 +12,8 @@
 use crate::events::{CacheEvent, EventLog, EventsPage};
 use lru::LruCache;
 use prefix_core::BlockHash;
-use std::any::Any;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-
-/// What an engine keeps per block beyond its hash (the real engine: that block's K/V tensors).
-pub type Payload = Arc<dyn Any + Send + Sync>;
 
 /// What changed in the cache, for metrics and (later) cache events.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -27,7 +23,7 @@ pub struct StoreOutcome {
 }
 
 #[derive(Debug)]
-struct Inner {
+struct Inner<P> {
     /// block → number of running requests pinning it
     pins: HashMap<BlockHash, u32>,
     /// unpinned blocks, least recently used at the back
@@ -35,37 +31,52 @@ struct Inner {
     /// what changed, in order (under the same lock, so events match the maps exactly)
     events: EventLog,
     /// engine data of held blocks (absent for engines that keep none)
-    payloads: HashMap<BlockHash, Payload>,
+    payloads: HashMap<BlockHash, P>,
 }
 
-/// A fixed-capacity, LRU, pin-aware block prefix cache. Cheap to share (`Arc`).
+/// A fixed-capacity, LRU, pin-aware block prefix cache of `block_size`-token blocks, each
+/// optionally with an engine payload `P` (the real engine: that block's K/V). Cheap to share
+/// (`Arc`).
 #[derive(Debug)]
-pub struct BlockPrefixCache {
+pub struct BlockPrefixCache<P = ()> {
     capacity: usize,
-    inner: Mutex<Inner>,
+    block_size: usize,
+    /// A block without its payload is no hit (engines that cannot recompute attention state
+    /// from a hash alone).
+    payload_required: bool,
+    inner: Mutex<Inner<P>>,
 }
 
 /// A running request's hold on the cache: its hit blocks, then the blocks it stored, stay
 /// pinned until the lease is dropped.
 #[derive(Debug)]
-pub struct Lease {
-    cache: Arc<BlockPrefixCache>,
+pub struct Lease<P: Clone = ()> {
+    cache: Arc<BlockPrefixCache<P>>,
     pinned: Vec<BlockHash>,
     hit_blocks: usize,
-    /// payloads of the hit blocks, in order (only when asked for)
-    hit_payloads: Vec<Payload>,
+    /// payloads of the hit blocks, in order (when the cache requires them)
+    hit_payloads: Vec<P>,
 }
 
-impl BlockPrefixCache {
-    /// A cache holding at most `capacity` blocks (0 disables caching), with epoch 0.
-    pub fn new(capacity: usize) -> Arc<Self> {
-        Self::with_epoch(capacity, 0)
+impl<P: Clone> BlockPrefixCache<P> {
+    /// A cache holding at most `capacity` blocks (0 disables caching) of `block_size` tokens,
+    /// with epoch 0; hash-only blocks are hits.
+    pub fn new(capacity: usize, block_size: usize) -> Arc<Self> {
+        Self::with(capacity, block_size, 0, false)
     }
 
-    /// A cache whose event log carries `epoch` (new at every process start).
-    pub fn with_epoch(capacity: usize, epoch: u64) -> Arc<Self> {
+    /// A cache whose event log carries `epoch` (new at every process start); with
+    /// `payload_required`, only blocks stored with a payload are hits.
+    pub fn with(
+        capacity: usize,
+        block_size: usize,
+        epoch: u64,
+        payload_required: bool,
+    ) -> Arc<Self> {
         Arc::new(BlockPrefixCache {
             capacity,
+            block_size: block_size.max(1),
+            payload_required,
             inner: Mutex::new(Inner {
                 pins: HashMap::new(),
                 free: LruCache::unbounded(),
@@ -116,7 +127,12 @@ impl BlockPrefixCache {
         g.pins.contains_key(hash) || g.free.contains(hash)
     }
 
-    fn lock(&self) -> MutexGuard<'_, Inner> {
+    /// Tokens per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner<P>> {
         // A poisoned lock only means another request panicked mid-update of plain counters;
         // the maps are still structurally valid, so keep serving.
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
@@ -124,49 +140,23 @@ impl BlockPrefixCache {
 
     /// Looks up the longest chain of leading blocks of a prompt of `prompt_tokens` tokens and
     /// pins those blocks. At least one prompt token is always left to compute.
-    pub fn acquire(
-        self: &Arc<Self>,
-        hashes: &[BlockHash],
-        prompt_tokens: usize,
-        block_size: usize,
-    ) -> Lease {
-        self.acquire_impl(hashes, prompt_tokens, block_size, false)
-    }
-
-    /// Like [`BlockPrefixCache::acquire`], for engines that need each hit block's payload: a
-    /// block without one ends the chain.
-    pub fn acquire_with_payloads(
-        self: &Arc<Self>,
-        hashes: &[BlockHash],
-        prompt_tokens: usize,
-        block_size: usize,
-    ) -> Lease {
-        self.acquire_impl(hashes, prompt_tokens, block_size, true)
-    }
-
-    fn acquire_impl(
-        self: &Arc<Self>,
-        hashes: &[BlockHash],
-        prompt_tokens: usize,
-        block_size: usize,
-        need_payload: bool,
-    ) -> Lease {
+    pub fn acquire(self: &Arc<Self>, hashes: &[BlockHash], prompt_tokens: usize) -> Lease<P> {
         let mut g = self.lock();
         let mut hits = hashes
             .iter()
             .take_while(|h| {
                 (g.pins.contains_key(h) || g.free.contains(h))
-                    && (!need_payload || g.payloads.contains_key(h))
+                    && (!self.payload_required || g.payloads.contains_key(h))
             })
             .count();
-        if hits > 0 && hits * block_size >= prompt_tokens {
+        if hits > 0 && hits * self.block_size >= prompt_tokens {
             hits -= 1;
         }
         let pinned: Vec<BlockHash> = hashes[..hits].to_vec();
         for h in &pinned {
             pin(&mut g, *h);
         }
-        let hit_payloads = if need_payload {
+        let hit_payloads = if self.payload_required {
             pinned
                 .iter()
                 .filter_map(|h| g.payloads.get(h).cloned())
@@ -184,7 +174,7 @@ impl BlockPrefixCache {
     }
 }
 
-fn pin(g: &mut Inner, h: BlockHash) {
+fn pin<P>(g: &mut Inner<P>, h: BlockHash) {
     if g.free.pop(&h).is_some() {
         g.pins.insert(h, 1);
     } else if let Some(n) = g.pins.get_mut(&h) {
@@ -192,14 +182,14 @@ fn pin(g: &mut Inner, h: BlockHash) {
     }
 }
 
-impl Lease {
+impl<P: Clone> Lease<P> {
     /// Leading blocks found in the cache.
     pub fn hit_blocks(&self) -> usize {
         self.hit_blocks
     }
 
-    /// The hit blocks' payloads (from [`BlockPrefixCache::acquire_with_payloads`]).
-    pub fn hit_payloads(&self) -> &[Payload] {
+    /// The hit blocks' payloads, in order (when the cache requires payloads).
+    pub fn hit_payloads(&self) -> &[P] {
         &self.hit_payloads
     }
 
@@ -212,7 +202,7 @@ impl Lease {
 
     /// [`Lease::store`] with each new block's payload: `payloads[i]` belongs to
     /// `hashes[hit_blocks + i]` (missing entries store the hash alone).
-    pub fn store_with(&mut self, hashes: &[BlockHash], payloads: Vec<Payload>) -> StoreOutcome {
+    pub fn store_with(&mut self, hashes: &[BlockHash], payloads: Vec<P>) -> StoreOutcome {
         let mut payloads = payloads.into_iter();
         let cache = Arc::clone(&self.cache);
         let mut g = cache.lock();
@@ -256,7 +246,7 @@ impl Lease {
     }
 }
 
-impl Drop for Lease {
+impl<P: Clone> Drop for Lease<P> {
     fn drop(&mut self) {
         let mut g = self.cache.lock();
         for h in self.pinned.drain(..) {
@@ -282,36 +272,36 @@ mod tests {
 
     #[test]
     fn longest_leading_chain() {
-        let c = BlockPrefixCache::new(10);
-        let mut l = c.acquire(&hs(0..3), 400, 128);
+        let c = BlockPrefixCache::<()>::new(10, 128);
+        let mut l = c.acquire(&hs(0..3), 400);
         assert_eq!(l.hit_blocks(), 0);
         assert_eq!(l.store(&hs(0..3)).stored, 3);
         drop(l);
-        assert_eq!(c.acquire(&hs(0..3), 400, 128).hit_blocks(), 3);
+        assert_eq!(c.acquire(&hs(0..3), 400).hit_blocks(), 3);
         // only the first block shared
         let mixed = vec![BlockHash(0), BlockHash(77), BlockHash(2)];
-        assert_eq!(c.acquire(&mixed, 400, 128).hit_blocks(), 1);
+        assert_eq!(c.acquire(&mixed, 400).hit_blocks(), 1);
         // a gap at the start means no hit at all
         let gap = vec![BlockHash(99), BlockHash(1)];
-        assert_eq!(c.acquire(&gap, 400, 128).hit_blocks(), 0);
+        assert_eq!(c.acquire(&gap, 400).hit_blocks(), 0);
     }
 
     #[test]
     fn whole_prompt_cached_recomputes_last_block() {
-        let c = BlockPrefixCache::new(10);
-        c.acquire(&hs(0..2), 256, 128).store(&hs(0..2));
-        assert_eq!(c.acquire(&hs(0..2), 256, 128).hit_blocks(), 1);
-        assert_eq!(c.acquire(&hs(0..2), 257, 128).hit_blocks(), 2);
+        let c = BlockPrefixCache::<()>::new(10, 128);
+        c.acquire(&hs(0..2), 256).store(&hs(0..2));
+        assert_eq!(c.acquire(&hs(0..2), 256).hit_blocks(), 1);
+        assert_eq!(c.acquire(&hs(0..2), 257).hit_blocks(), 2);
     }
 
     #[test]
     fn lru_eviction_at_capacity() {
-        let c = BlockPrefixCache::new(3);
-        c.acquire(&hs(0..2), 1000, 128).store(&hs(0..2));
-        c.acquire(&hs(10..11), 1000, 128).store(&hs(10..11));
+        let c = BlockPrefixCache::<()>::new(3, 128);
+        c.acquire(&hs(0..2), 1000).store(&hs(0..2));
+        c.acquire(&hs(10..11), 1000).store(&hs(10..11));
         // touch block 0..2 so block 10 becomes least recently used
-        drop(c.acquire(&hs(0..2), 1000, 128));
-        let out = c.acquire(&hs(20..21), 1000, 128).store(&hs(20..21));
+        drop(c.acquire(&hs(0..2), 1000));
+        let out = c.acquire(&hs(20..21), 1000).store(&hs(20..21));
         assert_eq!(
             out,
             StoreOutcome {
@@ -326,11 +316,11 @@ mod tests {
 
     #[test]
     fn pinned_blocks_are_never_evicted() {
-        let c = BlockPrefixCache::new(2);
-        let mut running = c.acquire(&hs(0..2), 1000, 128);
+        let c = BlockPrefixCache::<()>::new(2, 128);
+        let mut running = c.acquire(&hs(0..2), 1000);
         running.store(&hs(0..2));
         // everything is pinned: a new request cannot store
-        let out = c.acquire(&hs(5..6), 1000, 128).store(&hs(5..6));
+        let out = c.acquire(&hs(5..6), 1000).store(&hs(5..6));
         assert_eq!(
             out,
             StoreOutcome {
@@ -340,7 +330,7 @@ mod tests {
         );
         assert!(c.contains(&BlockHash(0)) && c.contains(&BlockHash(1)));
         drop(running);
-        let out = c.acquire(&hs(5..6), 1000, 128).store(&hs(5..6));
+        let out = c.acquire(&hs(5..6), 1000).store(&hs(5..6));
         assert_eq!(
             out,
             StoreOutcome {
@@ -354,9 +344,9 @@ mod tests {
 
     #[test]
     fn events_follow_stores_and_evictions() {
-        let c = BlockPrefixCache::with_epoch(2, 9);
-        c.acquire(&hs(0..2), 1000, 128).store(&hs(0..2));
-        c.acquire(&hs(5..6), 1000, 128).store(&hs(5..6));
+        let c = BlockPrefixCache::<()>::with(2, 128, 9, false);
+        c.acquire(&hs(0..2), 1000).store(&hs(0..2));
+        c.acquire(&hs(5..6), 1000).store(&hs(5..6));
         let p = c.events_since(0);
         let kinds: Vec<CacheEvent> = p.events.into_iter().map(|e| e.event).collect();
         assert_eq!(
@@ -376,32 +366,25 @@ mod tests {
 
     #[test]
     fn payloads_follow_their_blocks() {
-        let c = BlockPrefixCache::new(2);
-        let p = |n: u32| -> Payload { Arc::new(n) };
-        let mut l = c.acquire_with_payloads(&hs(0..2), 1000, 128);
+        let c = BlockPrefixCache::<u32>::with(2, 128, 0, true);
+        let p = |n: u32| n;
+        let mut l = c.acquire(&hs(0..2), 1000);
         assert_eq!(l.hit_blocks(), 0);
         l.store_with(&hs(0..2), vec![p(10), p(11)]);
         drop(l);
-        let l = c.acquire_with_payloads(&hs(0..2), 1000, 128);
+        let l = c.acquire(&hs(0..2), 1000);
         assert_eq!(l.hit_blocks(), 2);
-        let got: Vec<u32> = l
-            .hit_payloads()
-            .iter()
-            .map(|x| *x.downcast_ref::<u32>().unwrap())
-            .collect();
-        assert_eq!(got, vec![10, 11]);
+        assert_eq!(l.hit_payloads(), [10, 11]);
         drop(l);
         // a hash stored without a payload ends the chain for payload users
-        c.acquire(&hs(7..8), 1000, 128).store(&hs(7..8)); // evicts block 0
+        c.acquire(&hs(7..8), 1000).store(&hs(7..8)); // evicts block 0
+        assert_eq!(c.acquire(&hs(0..2), 1000).hit_blocks(), 0);
         assert_eq!(
-            c.acquire_with_payloads(&hs(0..2), 1000, 128).hit_blocks(),
-            0
+            c.acquire(&hs(7..8), 1000).hit_blocks(),
+            0,
+            "no payload, no hit"
         );
-        assert_eq!(
-            c.acquire_with_payloads(&hs(7..8), 1000, 128).hit_blocks(),
-            0
-        );
-        assert_eq!(c.acquire(&hs(7..8), 1000, 128).hit_blocks(), 1);
+        assert!(c.contains(&BlockHash(7)), "held all the same");
         let g = c.lock();
         assert!(
             !g.payloads.contains_key(&BlockHash(0)),
@@ -411,21 +394,21 @@ mod tests {
 
     #[test]
     fn zero_capacity_caches_nothing() {
-        let c = BlockPrefixCache::new(0);
-        assert_eq!(c.acquire(&hs(0..2), 300, 128).store(&hs(0..2)).stored, 0);
-        assert_eq!(c.acquire(&hs(0..2), 300, 128).hit_blocks(), 0);
+        let c = BlockPrefixCache::<()>::new(0, 128);
+        assert_eq!(c.acquire(&hs(0..2), 300).store(&hs(0..2)).stored, 0);
+        assert_eq!(c.acquire(&hs(0..2), 300).hit_blocks(), 0);
     }
 
     #[test]
     fn concurrent_use_is_consistent() {
-        let c = BlockPrefixCache::new(50);
+        let c = BlockPrefixCache::<()>::new(50, 128);
         std::thread::scope(|s| {
             for t in 0..4u64 {
                 let c = &c;
                 s.spawn(move || {
                     for i in 0..500u64 {
                         let h = hs((t * 7 + i) % 80..(t * 7 + i) % 80 + 3);
-                        let mut l = c.acquire(&h, 1000, 128);
+                        let mut l = c.acquire(&h, 1000);
                         l.store(&h);
                     }
                 });

@@ -3,6 +3,23 @@
 //! It is the "pod" that prefix-aware routing sends work to: it tokenizes and hashes prompts
 //! exactly as the router does (`prefix-core`), keeps the blocks it computed in a bounded LRU
 //! prefix cache, skips their prefill on a hit, and reports it all under vLLM's metric names.
+//!
+//! # Layout
+//!
+//! In request order:
+//!
+//! - [`config`]: command-line flags, validated once; [`state`]: what every handler shares,
+//!   built from them.
+//! - [`api`]: HTTP routes and handlers: body limit, parse (`prefix_core::request`), prepare
+//!   (`prefix_core::ModelBundle`), errors as OpenAI JSON.
+//! - [`pipeline`]: serving a prepared request: context check, [`admission`] (running slots
+//!   and a bounded wait), [`cache`] lease, [`engine`] run, blocks stored, tokens relayed.
+//! - [`openai`]: the response shapes, whole or streamed (SSE).
+//! - [`cache`]: the block prefix cache (fixed-size blocks, LRU, pins) and its [`events`]
+//!   history, which routers poll (`GET /v1/cache/events`, wire types in
+//!   `prefix_core::protocol`).
+//! - [`engine`]: `sim` (latency model) and `candle` (real Llama forward pass, K/V per block).
+//! - [`metrics`]: vLLM-named Prometheus metrics.
 
 pub mod admission;
 pub mod api;
@@ -11,6 +28,8 @@ pub mod config;
 pub mod engine;
 pub mod events;
 pub mod metrics;
+pub mod openai;
+pub mod pipeline;
 pub mod state;
 
 pub use config::Config;

@@ -1,11 +1,10 @@
 //! Everything a request handler needs, built once at start-up from the validated config.
 
 use crate::admission::Admission;
-use crate::cache::BlockPrefixCache;
 use crate::config::{Config, EngineKind};
 use crate::engine::candle_engine::CandleEngine;
 use crate::engine::sim::{SimCosts, SimEngine};
-use crate::engine::Engine;
+use crate::engine::{Cache, Engine};
 use crate::metrics::Metrics;
 use anyhow::Context;
 use prefix_core::{BlockSize, ModelBundle};
@@ -16,7 +15,7 @@ pub struct AppState {
     pub config: Config,
     pub pod: String,
     pub bundle: Arc<ModelBundle>,
-    pub cache: Arc<BlockPrefixCache>,
+    pub cache: Arc<Cache>,
     pub engine: Arc<dyn Engine>,
     pub admission: Admission,
     pub metrics: Metrics,
@@ -85,7 +84,12 @@ impl AppState {
             config.cache_blocks(),
         )?;
         Ok(Arc::new(AppState {
-            cache: BlockPrefixCache::with_epoch(config.cache_blocks(), new_epoch()),
+            cache: Cache::with(
+                config.cache_blocks(),
+                config.block_size as usize,
+                new_epoch(),
+                engine.needs_kv(),
+            ),
             admission: Admission::new(config.max_num_seqs, config.max_waiting),
             pod,
             bundle,

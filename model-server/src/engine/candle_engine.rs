@@ -8,8 +8,7 @@
 //! string or end-of-sequence.
 
 use super::llama::{Kv, Llama};
-use super::{Emitted, Engine, EngineError, FinishReason, GenerateRequest};
-use crate::cache::Payload;
+use super::{Emitted, Engine, EngineError, FinishReason, GenerateRequest, KvBlock};
 use candle_transformers::generation::{LogitsProcessor, Sampling};
 use futures::future::BoxFuture;
 use prefix_core::ModelBundle;
@@ -62,14 +61,7 @@ fn run(
     out: mpsc::Sender<Emitted>,
 ) -> Result<FinishReason, EngineError> {
     let bs = req.block_size;
-    let cached: Vec<&Kv> = req
-        .cached_kv
-        .iter()
-        .map(|p| {
-            p.downcast_ref::<Kv>()
-                .ok_or_else(|| failed("cached block holds no K/V"))
-        })
-        .collect::<Result<_, _>>()?;
+    let cached: Vec<&Kv> = req.cached_kv.iter().map(|kv| &**kv).collect();
     let mut kv = match Kv::concat(&cached).map_err(failed)? {
         Some(kv) => kv,
         None => model.empty_kv().map_err(failed)?,
@@ -87,8 +79,8 @@ fn run(
         .map_err(failed)?;
     // cut the prompt's new full blocks out of the KV for the cache
     let full = prompt.len() / bs;
-    let blocks: Vec<Payload> = (cached.len()..full)
-        .map(|b| kv.slice(b * bs, bs).map(|k| Arc::new(k) as Payload))
+    let blocks: Vec<KvBlock> = (cached.len()..full)
+        .map(|b| kv.slice(b * bs, bs).map(Arc::new))
         .collect::<Result<_, _>>()
         .map_err(failed)?;
     out.blocking_send(Emitted::Blocks(blocks))
@@ -111,16 +103,11 @@ fn run(
         } else {
             decoded[text.len().min(decoded.len())..].to_owned()
         };
-        if !piece.is_empty() {
-            text.push_str(&piece);
-        }
+        text.push_str(&piece);
+        let piece_len = piece.len();
         out.blocking_send(Emitted::Token(piece))
             .map_err(|_| EngineError::Cancelled)?;
-        if req
-            .stop
-            .iter()
-            .any(|s| !s.is_empty() && text.contains(s.as_str()))
-        {
+        if req.stop.reached(&text, piece_len) {
             return Ok(FinishReason::Stop);
         }
         if kv.len() + 1 >= super::llama::MAX_POSITIONS {

@@ -4,11 +4,20 @@
 pub mod candle_engine;
 pub mod llama;
 pub mod sim;
+pub mod stop;
 
-use crate::cache::Payload;
+use crate::cache::BlockPrefixCache;
 use futures::future::BoxFuture;
 use std::sync::Arc;
+pub use stop::StopStrings;
 use tokio::sync::mpsc;
+
+/// What the prefix cache keeps per block for engines that need it ([`Engine::needs_kv`]):
+/// that block's attention K/V for every layer.
+pub type KvBlock = Arc<llama::Kv>;
+
+/// The server's prefix cache.
+pub type Cache = BlockPrefixCache<KvBlock>;
 
 /// What the engine is asked to do once the request holds a running slot and its cache lease.
 #[derive(Debug, Clone)]
@@ -20,9 +29,9 @@ pub struct GenerateRequest {
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
     pub seed: Option<u64>,
-    pub stop: Vec<String>,
+    pub stop: StopStrings,
     /// Payloads of the cached leading blocks, in order (engines with [`Engine::needs_kv`]).
-    pub cached_kv: Vec<Payload>,
+    pub cached_kv: Vec<KvBlock>,
     pub block_size: usize,
 }
 
@@ -30,7 +39,7 @@ pub struct GenerateRequest {
 pub enum Emitted {
     /// After prefill: the payloads of the prompt's new full blocks (beyond the cached ones),
     /// in order, for the prefix cache.
-    Blocks(Vec<Payload>),
+    Blocks(Vec<KvBlock>),
     /// One generated token's text.
     Token(String),
 }
@@ -63,7 +72,8 @@ pub enum EngineError {
 /// exists and returns why it stopped. A closed `out` means the client left: stop early.
 pub trait Engine: Send + Sync + 'static {
     fn name(&self) -> &'static str;
-    /// Whether cached blocks are only usable with their payload (real K/V).
+    /// Whether cached blocks are only usable with their K/V (the cache is then built to
+    /// count only such blocks as hits).
     fn needs_kv(&self) -> bool {
         false
     }

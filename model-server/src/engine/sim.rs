@@ -99,14 +99,11 @@ impl Engine for SimEngine {
                     format!(" {}", WORDS[(state % WORDS.len() as u64) as usize])
                 };
                 text.push_str(&piece);
+                let piece_len = piece.len();
                 out.send(Emitted::Token(piece))
                     .await
                     .map_err(|_| EngineError::Cancelled)?;
-                if req
-                    .stop
-                    .iter()
-                    .any(|s| !s.is_empty() && text.ends_with(s.as_str()))
-                {
+                if req.stop.reached(&text, piece_len) {
                     return Ok(FinishReason::Stop);
                 }
             }
@@ -143,7 +140,7 @@ mod tests {
                 temperature: None,
                 top_p: None,
                 seed: None,
-                stop: vec![],
+                stop: Default::default(),
                 cached_kv: vec![],
                 block_size: 128,
             };

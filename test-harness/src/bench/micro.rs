@@ -23,7 +23,7 @@ fn mix(i: u64) -> BlockHash {
 /// previously stored chain (hits), half new blocks (inserts evicting the LRU).
 pub fn cache(blocks: usize, requests: usize) -> CacheResult {
     const PER: usize = 32;
-    let cache = BlockPrefixCache::new(blocks);
+    let cache = BlockPrefixCache::<()>::new(blocks, 128);
     let mut next = 0u64;
     let mut chain = |n: usize| -> Vec<BlockHash> {
         (0..n)
@@ -36,7 +36,7 @@ pub fn cache(blocks: usize, requests: usize) -> CacheResult {
     let mut stored = Vec::new();
     while cache.len() < blocks {
         let hs = chain(PER);
-        cache.acquire(&hs, usize::MAX, 128).store(&hs);
+        cache.acquire(&hs, usize::MAX).store(&hs);
         stored.push(hs);
     }
     let t = Instant::now();
@@ -44,7 +44,7 @@ pub fn cache(blocks: usize, requests: usize) -> CacheResult {
         let old = &stored[(r * 7919) % stored.len()];
         let mut hs: Vec<BlockHash> = old[..PER / 2].to_vec();
         hs.extend(chain(PER / 2));
-        let mut lease = cache.acquire(&hs, usize::MAX, 128);
+        let mut lease = cache.acquire(&hs, usize::MAX);
         lease.store(&hs);
     }
     let ns = t.elapsed().as_nanos() as f64;
