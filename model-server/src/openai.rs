@@ -1,6 +1,6 @@
 //! OpenAI response shapes: a whole completion or chat completion, or their SSE stream of
 //! chunks. The four choice shapes (completion / chat × whole / chunk) are written once, in
-//! [`Reply::choice`].
+//! `Reply::choice`.
 
 use crate::engine::FinishReason;
 use crate::pipeline::{Chunk, Usage};
