@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh >/dev/null
-cargo build -q --release -p model-server -p test-harness --bins
+cargo build -q --release -p model-server -p prefix-router-bench --bins
 scripts/build-filter.sh >/dev/null
 out="bench-results/$(date +%Y%m%d-%H%M%S)"
 export MODEL_SERVER_BIN="$PWD/target/release/model-server"

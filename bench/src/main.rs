@@ -7,10 +7,10 @@
 //! - `filter`: filter overhead, Envoy with vs without it.
 
 use clap::{Parser, ValueEnum};
+use prefix_router_bench::policies::{run_all, Saturation, SimCosts, POLICIES, SATURATED};
+use prefix_router_bench::trace::{TraceParams, Workload};
+use prefix_router_bench::{engine, micro, overhead, plots, report, server, write_json};
 use std::path::PathBuf;
-use test_harness::bench::policies::{run_all, Saturation, SimCosts, POLICIES, SATURATED};
-use test_harness::bench::trace::{TraceParams, Workload};
-use test_harness::bench::{engine, micro, overhead, plots, report, server, write_json};
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Which {

@@ -4,11 +4,11 @@
 use super::oracle::{oracle, Oracle};
 use super::replay::{quantile, replay, Arrivals, Outcome};
 use super::trace::{generate, write_jsonl, TraceParams, Workload};
-use crate::cluster::{client, pod_metric, run_dir, start_envoy_unvalidated, start_pods};
 use prefix_core::ModelBundle;
 use serde::Serialize;
 use std::path::Path;
 use std::time::{Duration, Instant};
+use test_harness::cluster::{client, pod_metric, run_dir, start_envoy_unvalidated, start_pods};
 
 pub const POLICIES: [&str; 4] = ["prefix", "round_robin", "random", "least_loaded"];
 

@@ -1,10 +1,10 @@
 //! What the filter costs: the same Envoy with and without it in front of zero-cost sim pods.
 
 use super::wrk::{self, LoadResult};
-use crate::cluster::{run_dir, start_envoy_unvalidated, start_pods};
-use crate::fleet::ZERO_COST;
 use serde::Serialize;
 use std::path::Path;
+use test_harness::cluster::{run_dir, start_envoy_unvalidated, start_pods};
+use test_harness::fleet::ZERO_COST;
 
 #[derive(Debug, Serialize)]
 pub struct OverheadRow {
@@ -107,7 +107,7 @@ pub fn run(
         let without_filter = wrk::run(&url_plain, &body, connections, seconds, &dir)?;
         let with_filter = wrk::run(&url_filter, &body, connections, seconds, &dir)?;
         // right after the saturated run, so Envoy's last stats interval is that load's
-        let stats = crate::cluster::client()
+        let stats = test_harness::cluster::client()
             .get(filtered.admin_url("/stats?filter=prefix_router_(route|tokenize)_us$"))
             .send()
             .and_then(|r| r.text())

@@ -11,10 +11,10 @@ pub mod report;
 pub mod trace;
 pub mod wrk;
 
-use crate::cluster::{run_dir, start_pods};
-use crate::fleet::ZERO_COST;
 use serde::Serialize;
 use std::path::Path;
+use test_harness::cluster::{run_dir, start_pods};
+use test_harness::fleet::ZERO_COST;
 
 /// Writes `value` as pretty JSON to `dir/name.json`.
 pub fn write_json<T: Serialize>(dir: &Path, name: &str, value: &T) -> anyhow::Result<()> {

@@ -1,10 +1,10 @@
 //! A tiny run of the policy benchmark: output files exist and the numbers are internally
 //! consistent (not that any policy wins).
 
-use test_harness::bench::micro::default_bundle;
-use test_harness::bench::policies::{run_all, Saturation, SimCosts};
-use test_harness::bench::trace::{TraceParams, Workload};
-use test_harness::bench::{plots, report};
+use prefix_router_bench::micro::default_bundle;
+use prefix_router_bench::policies::{run_all, Saturation, SimCosts};
+use prefix_router_bench::trace::{TraceParams, Workload};
+use prefix_router_bench::{plots, report};
 
 #[test]
 fn policy_bench_smoke() {
@@ -46,7 +46,7 @@ fn policy_bench_smoke() {
     assert_eq!(runs.len(), 6);
     assert_eq!(
         runs.iter()
-            .filter(|r| r.workload == test_harness::bench::policies::SATURATED)
+            .filter(|r| r.workload == prefix_router_bench::policies::SATURATED)
             .count(),
         2
     );
