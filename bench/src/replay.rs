@@ -7,6 +7,7 @@
 //! fast as they are answered, so throughput is what the fleet can do under that routing.
 
 use super::trace::TraceRequest;
+use eventsource_stream::Eventsource;
 use futures::StreamExt;
 use serde::Serialize;
 use std::sync::Arc;
@@ -70,32 +71,25 @@ async fn one(
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_owned();
-        let mut stream = resp.bytes_stream();
-        let mut buf = String::new();
+        let mut events = resp.bytes_stream().eventsource();
         let mut counted = 0u64;
-        while let Some(chunk) = stream.next().await {
-            buf.push_str(&String::from_utf8_lossy(&chunk.map_err(|e| e.to_string())?));
-            while let Some(end) = buf.find("\n\n") {
-                let event: String = buf.drain(..end + 2).collect();
-                let Some(data) = event.trim().strip_prefix("data: ") else {
-                    continue;
-                };
-                if data == "[DONE]" {
-                    continue;
+        while let Some(event) = events.next().await {
+            let data = event.map_err(|e| e.to_string())?.data;
+            if data == "[DONE]" {
+                continue;
+            }
+            let v: serde_json::Value = serde_json::from_str(&data).map_err(|e| e.to_string())?;
+            if v.get("error").is_some() {
+                return Err(format!("stream error: {data}"));
+            }
+            if chunk_text(&v).is_some_and(|t| !t.is_empty()) {
+                if out.ttft_ms.is_none() {
+                    out.ttft_ms = Some(sent.elapsed().as_secs_f64() * 1000.0);
                 }
-                let v: serde_json::Value = serde_json::from_str(data).map_err(|e| e.to_string())?;
-                if v.get("error").is_some() {
-                    return Err(format!("stream error: {data}"));
-                }
-                if chunk_text(&v).is_some_and(|t| !t.is_empty()) {
-                    if out.ttft_ms.is_none() {
-                        out.ttft_ms = Some(sent.elapsed().as_secs_f64() * 1000.0);
-                    }
-                    counted += 1;
-                }
-                if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
-                    counted = n;
-                }
+                counted += 1;
+            }
+            if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
+                counted = n;
             }
         }
         out.output_tokens = counted;

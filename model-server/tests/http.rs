@@ -156,11 +156,7 @@ async fn chat_and_streaming() {
         .to_str()
         .unwrap()
         .starts_with("text/event-stream"));
-    let text = r.text().await.unwrap();
-    let datas: Vec<&str> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .collect();
+    let datas = common::sse_data(r).await;
     assert_eq!(*datas.last().unwrap(), "[DONE]");
     let chunks: Vec<Value> = datas[..datas.len() - 1]
         .iter()
@@ -185,15 +181,11 @@ async fn chat_and_streaming() {
         .send()
         .await
         .unwrap();
-    let text = r.text().await.unwrap();
-    let datas: Vec<&str> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .collect();
+    let datas = common::sse_data(r).await;
     assert_eq!(
         datas.len(),
         3 + 1 + 1,
-        "3 tokens, a final chunk, [DONE]: {text}"
+        "3 tokens, a final chunk, [DONE]: {datas:?}"
     );
     assert_eq!(*datas.last().unwrap(), "[DONE]");
     s.shutdown().await;

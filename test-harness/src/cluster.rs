@@ -229,23 +229,7 @@ fn launch_envoy(
     })
 }
 
-/// The value of a counter/gauge series `name` in a Prometheus text exposition (first match,
-/// summed over all series when `sum` is true).
-pub fn metric_value(text: &str, name: &str) -> Option<f64> {
-    let mut found = None;
-    for line in text.lines() {
-        if line.starts_with('#') {
-            continue;
-        }
-        let (series, value) = line.rsplit_once(' ')?;
-        let series_name = series.split('{').next().unwrap_or(series);
-        if series_name == name {
-            let v: f64 = value.parse().ok()?;
-            found = Some(found.unwrap_or(0.0) + v);
-        }
-    }
-    found
-}
+pub use crate::wire::metric_value;
 
 /// A pod's metric, read from its `/metrics` (summed over label sets).
 pub fn pod_metric(http: &Client, addr: &str, name: &str) -> anyhow::Result<f64> {

@@ -7,3 +7,4 @@ pub mod fleet;
 pub mod paths;
 pub mod process;
 pub mod prometheus;
+pub mod wire;

@@ -88,11 +88,7 @@ fn repeated_prompt_sticks_to_one_pod_and_hits() {
         .send()
         .unwrap();
     assert_eq!(r.headers()["x-inference-pod"].to_str().unwrap(), first.pod);
-    let text = r.text().unwrap();
-    let datas: Vec<&str> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .collect();
+    let datas = test_harness::wire::sse_data(&r.bytes().unwrap());
     assert_eq!(datas.len(), 8 + 2, "8 tokens, final chunk, [DONE]");
     assert_eq!(*datas.last().unwrap(), "[DONE]");
 

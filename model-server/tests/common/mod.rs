@@ -107,11 +107,10 @@ impl Server {
             .text()
             .await
             .unwrap();
-        text.lines()
-            .find(|l| l.starts_with(&format!("{name}{{")))
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("metric {name} not found in\n{text}"))
+        let scrape = prom_text_format_parser::Scrape::parse(&text).unwrap();
+        let metric = scrape.metrics.iter().find(|m| m.name == name);
+        let metric = metric.unwrap_or_else(|| panic!("metric {name} not found in\n{text}"));
+        metric.samples.iter().map(|s| s.value.value.as_f64()).sum()
     }
 
     pub async fn token_count(&self, body: &Value) -> usize {
@@ -124,4 +123,15 @@ impl Server {
         let _ = self.stop.take().unwrap().send(());
         self.task.await.unwrap().unwrap();
     }
+}
+
+/// The `data` of every server-sent event of a streamed response, in order.
+pub async fn sse_data(r: reqwest::Response) -> Vec<String> {
+    use eventsource_stream::Eventsource;
+    use futures::StreamExt;
+    r.bytes_stream()
+        .eventsource()
+        .map(|e| e.unwrap().data)
+        .collect()
+        .await
 }
