@@ -1,4 +1,17 @@
-//! Benchmarks: numbers printed and written to files, never asserted in tests.
+//! prefix-router's benchmark (`scripts/bench.sh`): numbers printed and written to files as
+//! ratios measured side by side in one run, never asserted in tests. All load goes to
+//! 127.0.0.1 and every run is bounded.
+//!
+//! # Layout
+//!
+//! In the order a policy run goes:
+//!
+//! - [`trace`]: seeded workloads (shared prefix, multi-turn, all-unique, hot tenant).
+//! - [`oracle`]: the best hit rate a trace allows (one unbounded cache).
+//! - [`policies`]: a fresh fleet per policy; [`replay`] sends the trace (open or closed loop).
+//! - [`report`] and [`plots`]: tables, CSV/JSON, TTFT CDF charts.
+//! - [`overhead`] (with [`wrk`]): the same Envoy with and without the filter.
+//! - [`micro`]: prefix cache, tokenizer, server; [`engine`]: the real engine's TTFT.
 
 pub mod engine;
 pub mod micro;

@@ -1,23 +1,32 @@
 //! `prefix-core`: the pure logic that the proxy-wasm routing filter and the model server share.
 //!
-//! Both sides must agree, token for token and hash for hash, on what a request's prefix is.
-//! Everything that decides that lives here, with no I/O, no async runtime and no proxy-wasm
-//! dependency, so it is unit-testable on the host and compiles unchanged to `wasm32`:
+//! Both sides must agree, token for token and hash for hash, on what a request's prefix is,
+//! and speak the same wire messages. Everything that decides that lives here, with no I/O, no
+//! async runtime and no proxy-wasm dependency, so it is unit-testable on the host and compiles
+//! unchanged to `wasm32`.
 //!
-//! - [`request`]: parse and validate an OpenAI completions / chat request body, with the
-//!   same OpenAI-style errors on both sides.
-//! - [`template`] and [`tokenizer`]: render the prompt with the model's own chat template and
-//!   tokenize it with the model's own vocabulary.
-//! - [`block`]: chained XXH3 block hashes over full token blocks.
-//! - [`gguf`]: read a GGUF file's metadata and turn its vocabulary into a `tokenizer.json`.
-//! - [`model`]: the one bundle (tokenizer + template + names) that turns a body into hashes.
-//! - [`policy`], [`table`], [`router_config`]: the routing decision, the bounded ownership
-//!   table's layout, and the filter's validated configuration.
+//! # Layout
+//!
+//! In request order:
+//!
+//! - [`request`] and [`error`]: parse and validate an OpenAI completions / chat body; the
+//!   OpenAI-style errors both sides answer with.
+//! - [`model`], [`template`], [`tokenizer`] ([`fast_bpe`]): render the prompt with the
+//!   model's chat template and tokenize it with its vocabulary.
+//! - [`block`]: chained XXH3 hashes of the full token blocks (golden vectors in
+//!   `tests/data`).
+//! - [`policy`]: **the routing decision** — a pod and a [`policy::Reason`], from the block
+//!   owners and the pods' loads.
+//! - [`table`]: the ownership table's layout in Envoy shared data (bounded, 2-way buckets).
+//! - [`liveness`]: what a router believes about a pod (health, load, cache generation) and
+//!   the rules that change it.
+//! - [`protocol`]: **the wire types** — the cache-events page the pods serve and the filter
+//!   polls, header names, shared defaults.
+//! - [`router_config`]: the filter's plugin configuration, typed and validated once.
 
 pub mod block;
 pub mod error;
 pub mod fast_bpe;
-pub mod gguf;
 pub mod liveness;
 pub mod model;
 pub mod policy;

@@ -66,7 +66,7 @@ impl ReasonKind {
         self.header_value().replace('-', "_")
     }
 
-    /// Dense index (0..[`ReasonKind::COUNT`]) for per-reason arrays.
+    /// Dense index (0..`ReasonKind::COUNT`) for per-reason arrays.
     pub fn index(self) -> usize {
         self as usize
     }

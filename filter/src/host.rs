@@ -1,5 +1,5 @@
 //! Every call the filter makes into Envoy, behind traits, so that the contexts' behaviour is
-//! unit-tested against [`fake::FakeHost`] and only [`EnvoyHost`] touches proxy-wasm.
+//! unit-tested against a fake host (`fake::FakeHost`, in tests) and only [`EnvoyHost`] touches proxy-wasm.
 //!
 //! - [`Store`]: shared data and the clock — all that the ownership table, pod states and
 //!   routing need.

@@ -27,6 +27,7 @@ pub mod cache;
 pub mod config;
 pub mod engine;
 pub mod events;
+pub mod gguf_vocab;
 pub mod metrics;
 pub mod openai;
 pub mod pipeline;

@@ -1,5 +1,19 @@
 //! Real-process test support for prefix-router: model-server pods, Envoy with the wasm filter
-//! and Prometheus, all on 127.0.0.1 with free ports, readiness polled, everything killed on drop.
+//! and Prometheus, all on 127.0.0.1 with free ports, readiness polled, everything killed on
+//! drop. The real-process tests are in `tests/`; the benchmark (`bench/`) builds on this.
+//!
+//! # Layout
+//!
+//! In the order a test sets things up and reads them back:
+//!
+//! - [`paths`]: where the binaries, the filter and the templates are (environment overrides).
+//! - [`process`]: child processes that are always cleaned up, free ports, readiness polling.
+//! - [`envoy_config`]: the Envoy configuration rendered from `envoy/envoy.yaml.j2`
+//!   (also the `render-envoy-config` binary).
+//! - [`cluster`]: starting pods and Envoys.
+//! - [`fleet`]: a running fleet (pods + Envoy) and the answers sent through it.
+//! - [`prometheus`]: a real Prometheus scraping the fleet.
+//! - [`wire`]: reading answers back (Prometheus text, server-sent events).
 
 pub mod cluster;
 pub mod envoy_config;

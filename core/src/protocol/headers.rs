@@ -12,7 +12,7 @@ pub const POD: &str = "x-inference-pod";
 pub mod debug {
     /// The pod the filter chose.
     pub const POD: &str = "x-prefix-router-pod";
-    /// Why it chose it ([`crate::policy::Reason::header_value`]).
+    /// Why it chose it ([`crate::policy::ReasonKind::header_value`]).
     pub const REASON: &str = "x-prefix-router-reason";
     /// Leading blocks of the prompt the chosen pod held.
     pub const MATCHED_BLOCKS: &str = "x-prefix-router-matched-blocks";

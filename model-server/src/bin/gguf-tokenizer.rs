@@ -3,11 +3,11 @@
 
 use anyhow::Context;
 use clap::Parser;
-use prefix_core::gguf::{parse_metadata, tokenizer_json, GgufError};
+use model_server::gguf_vocab::{read_header, tokenizer_json};
 use prefix_core::model::TokenizerConfig;
-use std::io::Read;
 use std::path::PathBuf;
 
+/// Writes a GGUF model's vocabulary and chat template as tokenizer.json + tokenizer_config.json.
 #[derive(Parser)]
 #[command(version, about)]
 struct Args {
@@ -19,28 +19,11 @@ struct Args {
     out_dir: PathBuf,
 }
 
-/// Reads just enough of the file to cover its metadata (the tensors are not needed).
-fn read_metadata(path: &PathBuf) -> anyhow::Result<prefix_core::gguf::Metadata> {
-    let mut file =
-        std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    let mut buf = Vec::new();
-    let mut want = 4 << 20;
-    loop {
-        let have = buf.len();
-        (&mut file)
-            .take((want - have) as u64)
-            .read_to_end(&mut buf)?;
-        match parse_metadata(&buf) {
-            Err(GgufError::Truncated) if buf.len() == want => want *= 2,
-            other => return other.with_context(|| format!("reading {}", path.display())),
-        }
-    }
-}
-
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let meta = read_metadata(&args.gguf)?;
-    let (tokenizer, info) = tokenizer_json(&meta)?;
+    let header =
+        read_header(&args.gguf).with_context(|| format!("reading {}", args.gguf.display()))?;
+    let (tokenizer, info) = tokenizer_json(&header.metadata)?;
     std::fs::create_dir_all(&args.out_dir)?;
     let tok_path = args.out_dir.join("tokenizer.json");
     std::fs::write(&tok_path, serde_json::to_vec(&tokenizer)?)?;
