@@ -20,6 +20,16 @@ pub fn default_model_dir() -> PathBuf {
     defaults::model_dir(&data_dir())
 }
 
+/// Flags that make the sim engine answer at once (tests and overhead measurements).
+pub const SIM_ZERO_COST: [&str; 6] = [
+    "--sim-ttft-base-ms",
+    "0",
+    "--sim-prefill-us-per-token",
+    "0",
+    "--sim-decode-ms-per-token",
+    "0",
+];
+
 /// The default model file that `scripts/setup.sh` installs.
 pub fn default_model_file() -> PathBuf {
     default_model_dir().join(defaults::MODEL_FILE)

@@ -5,13 +5,11 @@ use model_server::config::default_model_file;
 use model_server::engine::llama::{Kv, Llama};
 use serde_json::{json, Value};
 
-const RUNBOOK: &str = "You are the on-call assistant for the payments platform. Before answering, read the \
-incident context carefully. Confirm the affected service, the region, the time the alert fired and the \
-current error rate. Check the deployment history for changes in the last two hours and compare latency \
-percentiles against the weekly baseline. If a rollback is possible and the change correlates with the \
-incident, recommend it first. Escalate to the database team when replication lag exceeds thirty seconds. \
-Never restart stateful services without a snapshot. Summarise findings as impact, probable cause, next \
-action and owner. The checkout API returns HTTP 502 for twelve percent of requests in eu-west-1. ";
+/// The runbook lead-in shared by the tests, plus an incident.
+const RUNBOOK: &str = concat!(
+    include_str!("../../test-data/runbook.txt"),
+    "The checkout API returns HTTP 502 for twelve percent of requests in eu-west-1. "
+);
 
 mod common;
 

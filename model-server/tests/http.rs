@@ -12,16 +12,8 @@ use common::{start_with, Server};
 
 /// A sim server that answers at once.
 async fn start(extra: &[&str]) -> Server {
-    let mut flags = vec![
-        "--pod-name",
-        "pod-test",
-        "--sim-ttft-base-ms",
-        "0",
-        "--sim-prefill-us-per-token",
-        "0",
-        "--sim-decode-ms-per-token",
-        "0",
-    ];
+    let mut flags = vec!["--pod-name", "pod-test"];
+    flags.extend(model_server::config::SIM_ZERO_COST);
     flags.extend_from_slice(extra);
     start_with(&flags).await
 }

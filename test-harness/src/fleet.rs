@@ -10,14 +10,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// Flags that make the sim engine answer at once.
-pub const ZERO_COST: [&str; 6] = [
-    "--sim-ttft-base-ms",
-    "0",
-    "--sim-prefill-us-per-token",
-    "0",
-    "--sim-decode-ms-per-token",
-    "0",
-];
+pub use model_server::config::SIM_ZERO_COST as ZERO_COST;
 
 pub struct Fleet {
     pub pods: Vec<Pod>,

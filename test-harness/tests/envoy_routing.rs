@@ -21,13 +21,8 @@ fn answer(r: reqwest::blocking::Response) -> Answer {
     Answer::read(r)
 }
 
-const RUNBOOK: &str = "You are the on-call assistant for the payments platform. Before answering, read the \
-incident context carefully. Confirm the affected service, the region, the time the alert fired and the \
-current error rate. Check the deployment history for changes in the last two hours and compare latency \
-percentiles against the weekly baseline. If a rollback is possible and the change correlates with the \
-incident, recommend it first. Escalate to the database team when replication lag exceeds thirty seconds. \
-Never restart stateful services without a snapshot. Summarise findings as impact, probable cause, next \
-action and owner. ";
+/// The runbook lead-in shared by the tests (`test-data/runbook.txt`).
+const RUNBOOK: &str = include_str!("../../test-data/runbook.txt");
 
 #[test]
 fn repeated_prompt_sticks_to_one_pod_and_hits() {
