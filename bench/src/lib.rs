@@ -12,7 +12,9 @@
 //! - [`report`] and [`plots`]: tables, CSV/JSON, TTFT CDF charts.
 //! - [`overhead`] (with [`wrk`]): the same Envoy with and without the filter.
 //! - [`micro`]: prefix cache, tokenizer, server; [`engine`]: the real engine's TTFT.
+//! - [`cli`]: the `bench` command line that runs them and prints the summary.
 
+pub mod cli;
 pub mod engine;
 pub mod micro;
 pub mod oracle;
