@@ -10,19 +10,40 @@
 //!   before anyone polled it); its whole event history then re-records what it holds.
 //! - `reset` (the router fell behind the pod's bounded history) and `AllCleared` start a new
 //!   generation too; only the events after the page's last `AllCleared` are applied.
+//! - A pod without the events endpoint (vLLM, SGLang, llama.cpp: [`PodKind::Metrics`]) is
+//!   followed through its health and Prometheus metrics instead: load from the metrics, a
+//!   restart from a new process start time or a monotonic counter going backwards (a new
+//!   generation: the blocks the router recorded for it are gone).
 //! - `down_after_failures` failed polls in a row mark the pod down; one good poll brings it
 //!   back. A connection refused or reset on the request path (Envoy answers 502/503 itself,
 //!   without the pod's header) marks it down at once.
 
 use crate::policy::PodLoad;
+use crate::protocol::pod_metrics::MetricsReport;
 use crate::protocol::{EventsPage, LoadReport};
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_64;
+
+/// How the router follows a pod.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PodKind {
+    /// Not known yet: the poller asks for cache events first.
+    #[default]
+    Unknown,
+    /// Serves the cache-events page (this project's server): precise ownership and load.
+    Events,
+    /// No events endpoint: health from `/health`, load and restarts from `/metrics`.
+    Metrics,
+}
 
 /// One pod's state as last learned by the poller (and by failed responses).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct PodState {
+    /// How the pod is followed.
+    pub kind: PodKind,
+    /// [`PodKind::Metrics`]: the last value of the pod's monotonic counter.
+    pub counter: Option<f64>,
     /// Ownership-table entries are valid only while this matches theirs.
     pub generation: u64,
     /// The pod process's epoch (empty before the first successful poll).
@@ -36,11 +57,15 @@ pub struct PodState {
     pub kv_cache_usage: f64,
     /// Router clock (ns) of the last successful poll; 0 = never.
     pub last_ok_ns: u64,
+    /// Router clock (ns) of the last refused connection on the request path; 0 = none.
+    pub refused_ns: u64,
 }
 
 impl Default for PodState {
     fn default() -> Self {
         PodState {
+            kind: PodKind::Unknown,
+            counter: None,
             generation: 0,
             epoch: String::new(),
             seq: 0,
@@ -50,6 +75,7 @@ impl Default for PodState {
             waiting: 0,
             kv_cache_usage: 0.0,
             last_ok_ns: 0,
+            refused_ns: 0,
         }
     }
 }
@@ -63,6 +89,16 @@ impl PodState {
             waiting: self.waiting,
             kv_cache_usage: self.kv_cache_usage,
         }
+    }
+
+    /// Whether requests may go to the pod. Healthy pods may. Without polling (`retry` is the
+    /// time after which a refused pod is tried again) nothing would ever bring a pod back
+    /// that refused a connection, so it is tried again once `retry` has passed.
+    pub fn usable(&self, now_ns: u64, retry_ns: Option<u64>) -> bool {
+        self.healthy
+            || retry_ns.is_some_and(|r| {
+                self.refused_ns != 0 && now_ns >= self.refused_ns.saturating_add(r)
+            })
     }
 
     /// Milliseconds since the last successful poll (0 before the first).
@@ -102,16 +138,23 @@ fn next_generation(old: u64, salt: &str, seq: u64) -> u64 {
     xxh3_64(&b).max(1)
 }
 
-/// Applies a successful poll's page to `st`.
-pub fn on_page(st: &mut PodState, page: &EventsPage, now_ns: u64) -> PageEffect {
-    let mut fx = PageEffect {
+/// A good answer: healthy, with this load.
+fn answered(st: &mut PodState, load: &LoadReport, now_ns: u64) -> PageEffect {
+    let fx = PageEffect {
         recovered: !st.healthy,
         ..PageEffect::default()
     };
     st.healthy = true;
     st.fails = 0;
-    st.set_load(&page.load);
+    st.set_load(load);
     st.last_ok_ns = now_ns;
+    fx
+}
+
+/// Applies a successful poll's page to `st`.
+pub fn on_page(st: &mut PodState, page: &EventsPage, now_ns: u64) -> PageEffect {
+    let mut fx = answered(st, &page.load, now_ns);
+    st.kind = PodKind::Events;
     if !st.epoch.is_empty() && st.epoch != page.epoch {
         // restarted: everything it had is gone; re-read its events from the start
         st.generation = next_generation(st.generation, &page.epoch, 0);
@@ -138,6 +181,36 @@ pub fn on_page(st: &mut PodState, page: &EventsPage, now_ns: u64) -> PageEffect 
     fx
 }
 
+/// Applies a metrics-only pod's good health check and `/metrics` reading to `st`.
+///
+/// The first reading keeps what the router recorded before it (nothing says the pod
+/// restarted; a wrong guess costs one cache miss). Afterwards a different process start time,
+/// or a monotonic counter that went backwards, is a restart: a new generation.
+pub fn on_metrics(st: &mut PodState, m: &MetricsReport, now_ns: u64) -> PageEffect {
+    let mut fx = answered(st, &m.load, now_ns);
+    let epoch = m
+        .start_time
+        .map(|t| format!("start:{t}"))
+        .unwrap_or_default();
+    let known = st.kind == PodKind::Metrics;
+    let new_start = known && !epoch.is_empty() && !st.epoch.is_empty() && epoch != st.epoch;
+    let went_back =
+        known && matches!((st.counter, m.monotonic), (Some(old), Some(new)) if new < old);
+    if new_start || went_back {
+        st.generation = next_generation(st.generation, &epoch, now_ns);
+        fx.new_generation = true;
+    }
+    st.kind = PodKind::Metrics;
+    st.epoch = epoch;
+    st.counter = m.monotonic;
+    fx
+}
+
+/// The pod has no cache-events endpoint (it answered 404): follow it by its metrics.
+pub fn on_no_events(st: &mut PodState) {
+    st.kind = PodKind::Metrics;
+}
+
 /// A poll that failed (no answer, non-200, a body that is not a page). Returns whether the
 /// pod went down with it.
 pub fn on_poll_failure(st: &mut PodState, down_after: u32) -> bool {
@@ -150,9 +223,10 @@ pub fn on_poll_failure(st: &mut PodState, down_after: u32) -> bool {
 }
 
 /// The request path saw the pod refuse or reset a connection: down now, not after polls.
-pub fn on_connect_failure(st: &mut PodState, down_after: u32) {
+pub fn on_connect_failure(st: &mut PodState, down_after: u32, now_ns: u64) {
     st.fails = st.fails.max(down_after);
     st.healthy = false;
+    st.refused_ns = now_ns.max(1);
 }
 
 /// Whether a response means the chosen pod never answered: Envoy's own 502/503, which carries
@@ -317,12 +391,101 @@ mod tests {
             assert!(st.healthy && st.fails == 0);
         }
         let mut st = PodState::default();
-        on_connect_failure(&mut st, 2);
+        on_connect_failure(&mut st, 2, 1_000);
         assert!(!st.healthy);
+        // polled: only a good poll brings it back; not polled: tried again after `retry`
+        assert!(!st.usable(1_000_000_000, None));
+        assert!(!st.usable(1_000 + 499, Some(500)));
+        assert!(st.usable(1_000 + 500, Some(500)));
+        assert!(
+            !PodState {
+                healthy: false,
+                ..PodState::default()
+            }
+            .usable(9, Some(1)),
+            "never refused"
+        );
         assert!(
             !on_poll_failure(&mut st, 2),
             "already down: not reported again"
         );
+    }
+
+    fn metrics(running: u32, start: Option<f64>, counter: Option<f64>) -> MetricsReport {
+        MetricsReport {
+            load: LoadReport {
+                running,
+                waiting: 1,
+                kv_cache_usage: 0.2,
+            },
+            start_time: start,
+            monotonic: counter,
+        }
+    }
+
+    #[test]
+    fn metrics_pods_restart_on_a_new_start_time_or_a_counter_going_back() {
+        // (name, first reading, second reading, restart?)
+        let cases = [
+            (
+                "same process",
+                metrics(1, Some(10.0), Some(5.0)),
+                metrics(2, Some(10.0), Some(9.0)),
+                false,
+            ),
+            (
+                "new start time",
+                metrics(1, Some(10.0), Some(5.0)),
+                metrics(2, Some(20.0), Some(9.0)),
+                true,
+            ),
+            (
+                "counter went back",
+                metrics(1, None, Some(500.0)),
+                metrics(2, None, Some(3.0)),
+                true,
+            ),
+            (
+                "counter unchanged",
+                metrics(1, None, Some(500.0)),
+                metrics(2, None, Some(500.0)),
+                false,
+            ),
+            (
+                "nothing to tell by",
+                metrics(1, None, None),
+                metrics(2, None, None),
+                false,
+            ),
+            (
+                "start time appears",
+                metrics(1, None, None),
+                metrics(2, Some(7.0), None),
+                false,
+            ),
+        ];
+        for (name, first, second, restart) in cases {
+            let mut st = PodState::default();
+            on_no_events(&mut st);
+            let fx = on_metrics(&mut st, &first, 1);
+            assert!(
+                !fx.new_generation,
+                "{name}: the first reading keeps the records"
+            );
+            assert_eq!(st.kind, PodKind::Metrics);
+            let before = st.generation;
+            let fx = on_metrics(&mut st, &second, 2);
+            assert_eq!(fx.new_generation, restart, "{name}");
+            assert_eq!(st.generation != before, restart, "{name}");
+            assert_eq!((st.running, st.waiting, st.last_ok_ns), (2, 1, 2), "{name}");
+            assert!(!fx.apply, "{name}: no events to record");
+        }
+        // down, then a good reading brings it back
+        let mut st = PodState::default();
+        on_metrics(&mut st, &metrics(0, None, None), 1);
+        on_poll_failure(&mut st, 1);
+        assert!(on_metrics(&mut st, &metrics(0, None, None), 2).recovered);
+        assert!(st.healthy);
     }
 
     #[test]

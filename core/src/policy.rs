@@ -4,7 +4,8 @@
 //! tests all speak about the same thing. The default policy, [`Policy::Prefix`], weighs cache
 //! affinity against load:
 //!
-//! - Only healthy pods are candidates (all pods, if none is known healthy).
+//! - Only healthy pods are candidates. If none is known healthy, every pod is, by load alone
+//!   (`Fallback`): affinity could keep sending a prefix to a dead owner.
 //! - Imbalance guard (after SGLang's cache-aware policy): when the busiest candidate's load
 //!   exceeds the idlest's by more than `imbalance_abs` *and* by a factor `imbalance_ratio`,
 //!   only pods within `imbalance_abs` of the idlest may take the request: an owner among them
@@ -213,7 +214,8 @@ pub fn decide<S: AsRef<str>>(
         (l.healthy, input.weights.load(&l))
     };
     let mut candidates: Vec<usize> = (0..n).filter(|&i| load_of(i).0).collect();
-    if candidates.is_empty() {
+    let none_healthy = candidates.is_empty();
+    if none_healthy {
         candidates = (0..n).collect();
     }
     let load = |i: usize| load_of(i).1;
@@ -246,6 +248,12 @@ pub fn decide<S: AsRef<str>>(
         }
         Policy::LeastLoaded => return pick(least_loaded(&candidates), Reason::LeastLoaded),
         Policy::Prefix => {}
+    }
+    if none_healthy {
+        // Nothing is known to work: spread over every pod rather than follow affinity to an
+        // owner that may be dead (it would get all of its prefix's traffic, every request
+        // failing, until it came back).
+        return pick(least_loaded(&candidates), Reason::Fallback);
     }
     let Some(&first) = input.hashes.first() else {
         return pick(least_loaded(&candidates), Reason::ShortPrompt);
@@ -542,6 +550,22 @@ mod tests {
                 assert_eq!(run(p, &l, &[h(c)], &[(c, 0)], c).pod, 1, "{p:?}");
             }
         }
+    }
+
+    #[test]
+    fn with_no_pod_known_healthy_affinity_is_dropped() {
+        let mut l = idle();
+        for p in &mut l {
+            p.healthy = false;
+        }
+        let mut chosen = std::collections::BTreeSet::new();
+        for c in 0..3 {
+            // pod 0 owns the prompt, but nothing is known to work: spread by load
+            let d = run(Policy::Prefix, &l, &[h(1), h(2)], &[(1, 0), (2, 0)], c);
+            assert_eq!(d.reason, Reason::Fallback);
+            chosen.insert(d.pod);
+        }
+        assert_eq!(chosen.len(), 3, "rotates over every pod");
     }
 
     #[test]

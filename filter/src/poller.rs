@@ -9,6 +9,8 @@
 //!   snapshot of a reset and the page's live events (after its last `AllCleared`) are
 //!   recorded: `BlockStored` makes the pod an owner (so blocks another Envoy placed are
 //!   learned), `BlockRemoved` forgets it.
+//! - Pods without the events endpoint (a 404: vLLM, SGLang, llama.cpp) are followed through
+//!   `GET /health` and then `GET /metrics` ([`apply_metrics`]): health, load, restarts.
 //! - Failures ([`apply_failure`], [`mark_down`]): failed polls count towards
 //!   `down_after_failures`; a refused connection on the request path marks the pod down now.
 
@@ -17,7 +19,8 @@ use crate::metrics::Metrics;
 use crate::ownership::OwnershipTable;
 use crate::pods::{try_lease, update_state, Keys, PodState};
 use crate::router::Router;
-use prefix_core::liveness::{self, PageEffect};
+use prefix_core::liveness::{self, PageEffect, PodKind};
+use prefix_core::protocol::pod_metrics::read_metrics;
 use prefix_core::protocol::{headers, CacheEvent, EventsPage, EVENTS_PATH};
 use prefix_core::table::TableLayout;
 use std::cell::RefCell;
@@ -107,17 +110,61 @@ pub fn apply_failure<S: Store>(
 /// The request path saw the pod refuse a connection: mark it down now rather than waiting
 /// for the next polls (the poller brings it back when it answers again).
 pub fn mark_down<S: Store>(store: &S, keys: &Keys, pod: &str, down_after: u32) -> Option<PodState> {
+    let now = store.now_nanos();
     update_state(store, keys, pod, |st| {
-        liveness::on_connect_failure(st, down_after)
+        liveness::on_connect_failure(st, down_after, now)
     })
+}
+
+/// Applies a metrics-only pod's good health check and `/metrics` body. `Err` when the body
+/// holds none of the model-server load metrics (it counts as a failed poll).
+pub fn apply_metrics<S: Store>(
+    store: &S,
+    keys: &Keys,
+    pod: &str,
+    body: &[u8],
+    now_ns: u64,
+) -> Result<Applied, String> {
+    let text = String::from_utf8_lossy(body);
+    let report = read_metrics(&text).ok_or("no model-server load metrics in /metrics")?;
+    let mut fx = PageEffect::default();
+    update_state(store, keys, pod, |st| {
+        fx = liveness::on_metrics(st, &report, now_ns)
+    })
+    .ok_or_else(|| format!("could not update state of {pod}"))?;
+    Ok(Applied {
+        new_generation: fx.new_generation,
+        recovered: fx.recovered,
+        ..Applied::default()
+    })
+}
+
+/// What a poll asked a pod.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ask {
+    /// `GET /v1/cache/events?since=SEQ` (this project's server)
+    Events(u64),
+    /// `GET /health`, then `/metrics` (pods without events)
+    Health,
+    Metrics,
+}
+
+impl Ask {
+    fn path(self) -> String {
+        match self {
+            Ask::Events(since) => format!("{EVENTS_PATH}?since={since}"),
+            Ask::Health => "/health".to_owned(),
+            Ask::Metrics => "/metrics".to_owned(),
+        }
+    }
 }
 
 /// Poll scheduling for one VM: which polls are out, and how many catch-up pages each pod
 /// had this tick.
 #[derive(Default)]
 pub struct Poller {
-    /// poll call token → pod index
-    out: RefCell<HashMap<u32, usize>>,
+    /// poll call token → pod index and what was asked
+    out: RefCell<HashMap<u32, (usize, Ask)>>,
     /// per pod: pages fetched at once since the last tick
     catch_up: RefCell<Vec<u32>>,
 }
@@ -135,18 +182,22 @@ impl Poller {
         *self.catch_up.borrow_mut() = vec![0; fleet.states.len()];
         for (i, st) in fleet.states.iter().enumerate() {
             metrics.pod(i, st.healthy, fleet.inflight.of(i), st.lag_ms(now));
-            if self.out.borrow().values().any(|&p| p == i) {
+            if self.out.borrow().values().any(|&(p, _)| p == i) {
                 continue; // the previous poll of this pod is still out
             }
-            self.poll(host, router, metrics, i, st.seq);
+            let ask = match st.kind {
+                PodKind::Metrics => Ask::Health,
+                PodKind::Unknown | PodKind::Events => Ask::Events(st.seq),
+            };
+            self.poll(host, router, metrics, i, ask);
         }
     }
 
-    /// Asks pod `i` for its cache events after `since`.
-    fn poll<H: Host>(&self, host: &H, router: &Router, metrics: &Metrics<H>, i: usize, since: u64) {
+    /// Sends `ask` to pod `i`.
+    fn poll<H: Host>(&self, host: &H, router: &Router, metrics: &Metrics<H>, i: usize, ask: Ask) {
         let addr = router.pod(i);
         let timeout = Duration::from_millis(router.config.poll_interval_ms.max(100));
-        let path = format!("{EVENTS_PATH}?since={since}");
+        let path = ask.path();
         let request = [
             (":method", "GET"),
             (":path", path.as_str()),
@@ -155,7 +206,7 @@ impl Poller {
         ];
         match host.dispatch_http_call(&router.config.cluster, &request, timeout) {
             Ok(token) => {
-                self.out.borrow_mut().insert(token, i);
+                self.out.borrow_mut().insert(token, (i, ask));
             }
             Err(e) => {
                 host.log(
@@ -199,21 +250,34 @@ impl Poller {
         token: u32,
         body_size: usize,
     ) {
-        let Some(i) = self.out.borrow_mut().remove(&token) else {
+        let Some((i, ask)) = self.out.borrow_mut().remove(&token) else {
             return;
         };
         let addr = router.pod(i);
-        let page = match host.http_call_status().as_deref() {
-            Some("200") => {
-                let body = host.http_call_body(body_size).unwrap_or_default();
-                serde_json::from_slice::<EventsPage>(&body)
-                    .map_err(|e| format!("bad events page: {e}"))
-            }
-            other => Err(format!("status {}", other.unwrap_or("none (no answer)"))),
-        };
+        let status = host.http_call_status();
+        let body = || host.http_call_body(body_size).unwrap_or_default();
         let now = host.now_nanos();
-        let applied =
-            page.and_then(|p| apply_page(host, &router.keys, &router.layout, addr, &p, now));
+        let applied = match (ask, status.as_deref()) {
+            (Ask::Events(_), Some("200")) => serde_json::from_slice::<EventsPage>(&body())
+                .map_err(|e| format!("bad events page: {e}"))
+                .and_then(|p| apply_page(host, &router.keys, &router.layout, addr, &p, now)),
+            (Ask::Events(_), Some("404")) => {
+                // not this project's server: follow its health and metrics from now on
+                update_state(host, &router.keys, addr, liveness::on_no_events);
+                host.log(
+                    Level::Info,
+                    &format!("prefix-router: pod {addr} has no {EVENTS_PATH}; following its /health and /metrics"),
+                );
+                return self.poll(host, router, metrics, i, Ask::Health);
+            }
+            (Ask::Health, Some("200")) => return self.poll(host, router, metrics, i, Ask::Metrics),
+            (Ask::Metrics, Some("200")) => apply_metrics(host, &router.keys, addr, &body(), now),
+            (ask, other) => Err(format!(
+                "{} answered status {}",
+                ask.path(),
+                other.unwrap_or("none (no answer)")
+            )),
+        };
         let a = match applied {
             Ok(a) => a,
             Err(e) => return self.failed(host, router, metrics, i, &e),
@@ -235,7 +299,7 @@ impl Poller {
         if let Some(n) = catch_up.get_mut(i).filter(|n| **n < CATCH_UP_PAGES) {
             *n += 1;
             drop(catch_up);
-            self.poll(host, router, metrics, i, since);
+            self.poll(host, router, metrics, i, Ask::Events(since));
         }
     }
 }

@@ -287,6 +287,114 @@ mod tests {
         assert!(!state(&root, pod).healthy);
     }
 
+    /// Answers with a plain-text body.
+    fn answer_text(root: &RouterRoot<FakeHost>, call: &Call, status: &str, body: &str) {
+        *root.host.call_answer.borrow_mut() = Some((status.to_owned(), body.as_bytes().to_vec()));
+        root.call_answered(call.token, body.len());
+    }
+
+    fn vllm_metrics(running: u32, start: f64) -> String {
+        format!(
+            "vllm:num_requests_running{{model_name=\"m\"}} {running}\nvllm:num_requests_waiting{{model_name=\"m\"}} 4\nvllm:kv_cache_usage_perc{{model_name=\"m\"}} 0.5\nprocess_start_time_seconds {start}\n"
+        )
+    }
+
+    #[test]
+    fn pods_without_events_are_followed_by_health_and_metrics() {
+        use prefix_core::liveness::PodKind;
+        let root = configured(r#","down_after_failures":2"#);
+        let pod = "127.0.0.1:8001";
+        root.tick();
+        let calls = root.host.take_calls();
+        answer(&root, &calls[1], "200", &page(0, false));
+        // a vLLM-like pod: no events endpoint
+        answer_text(&root, &calls[0], "404", "Not Found");
+        assert_eq!(state(&root, pod).kind, PodKind::Metrics);
+        assert!(
+            state(&root, pod).healthy,
+            "a 404 is an answer, not a failure"
+        );
+        assert_eq!(root.host.logged("following its /health and /metrics"), 1);
+        let health = root.host.take_calls().remove(0);
+        assert_eq!(health.header(":path"), Some("/health"));
+        answer_text(&root, &health, "200", "");
+        let m = root.host.take_calls().remove(0);
+        assert_eq!(m.header(":path"), Some("/metrics"));
+        answer_text(&root, &m, "200", &vllm_metrics(3, 100.0));
+        let st = state(&root, pod);
+        assert_eq!((st.running, st.waiting), (3, 4));
+        let generation = st.generation;
+        // the next tick goes straight to /health; a new process start time is a restart
+        root.tick();
+        let calls = root.host.take_calls();
+        assert_eq!(calls.len(), 2);
+        let health = calls
+            .iter()
+            .find(|c| c.header(headers::DESTINATION) == Some(pod))
+            .unwrap();
+        assert_eq!(health.header(":path"), Some("/health"));
+        let other = calls
+            .iter()
+            .find(|c| c.header(headers::DESTINATION) != Some(pod))
+            .unwrap();
+        answer(&root, other, "200", &page(0, false));
+        answer_text(&root, health, "200", "");
+        let m = root.host.take_calls().remove(0);
+        answer_text(&root, &m, "200", &vllm_metrics(1, 200.0));
+        assert_ne!(
+            state(&root, pod).generation,
+            generation,
+            "restarted: its blocks are gone"
+        );
+        assert_eq!(
+            root.host.metric("prefix_router_pod_generation_changes"),
+            2,
+            "first contact of pod 1, restart of pod 0"
+        );
+        // a failing health check, twice: down; metrics that are not a model server's: failed
+        for _ in 0..2 {
+            root.tick();
+            let calls = root.host.take_calls();
+            let health = calls
+                .iter()
+                .find(|c| c.header(headers::DESTINATION) == Some(pod))
+                .unwrap();
+            answer_text(&root, health, "503", "");
+            let other = calls
+                .iter()
+                .find(|c| c.header(headers::DESTINATION) != Some(pod))
+                .unwrap();
+            answer(&root, other, "200", &page(0, false));
+        }
+        assert!(!state(&root, pod).healthy);
+        root.tick();
+        let calls = root.host.take_calls();
+        let health = calls
+            .iter()
+            .find(|c| c.header(headers::DESTINATION) == Some(pod))
+            .unwrap();
+        answer_text(&root, health, "200", "");
+        let m = root.host.take_calls().remove(0);
+        answer_text(&root, &m, "200", "# not a model server\nup 1\n");
+        assert!(!state(&root, pod).healthy, "no load metrics: still failing");
+        let other = calls
+            .iter()
+            .find(|c| c.header(headers::DESTINATION) != Some(pod))
+            .unwrap();
+        answer(&root, other, "200", &page(0, false));
+        root.tick();
+        let calls = root.host.take_calls();
+        let health = calls
+            .iter()
+            .find(|c| c.header(headers::DESTINATION) == Some(pod))
+            .unwrap();
+        answer_text(&root, health, "200", "");
+        let m = root.host.take_calls().remove(0);
+        answer_text(&root, &m, "200", &vllm_metrics(0, 200.0));
+        assert!(state(&root, pod).healthy, "back");
+        assert_eq!(root.host.logged("is back"), 1);
+    }
+
     #[test]
     fn only_the_lease_holder_polls() {
         let a = configured("");

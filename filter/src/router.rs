@@ -15,6 +15,10 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::rc::Rc;
 
+/// With polling off (`poll_interval_ms: 0`), how long a pod that refused a connection is
+/// left out before requests try it again (nothing else would ever bring it back).
+pub const RETRY_REFUSED_NS: u64 = 5_000_000_000;
+
 /// Everything a worker's requests share: built once per VM in `on_configure`.
 pub struct Router {
     pub config: RouterConfig,
@@ -137,10 +141,20 @@ impl Router {
             }
         };
         let inflight = Inflight::read(store, &self.inflight_key, states.len());
+        // without polling, a pod that refused a connection is tried again after a while
+        let retry = (self.config.poll_interval_ms == 0).then_some(RETRY_REFUSED_NS);
+        let now = if retry.is_some() {
+            store.now_nanos()
+        } else {
+            0
+        };
         let loads = states
             .iter()
             .enumerate()
-            .map(|(i, st)| st.load(inflight.of(i)))
+            .map(|(i, st)| PodLoad {
+                healthy: st.usable(now, retry),
+                ..st.load(inflight.of(i))
+            })
             .collect();
         Fleet {
             states,
@@ -444,5 +458,17 @@ mod tests {
             .route(&host, Endpoint::Completions, &body("abcdefgh"))
             .unwrap();
         assert_eq!(d.decision.reason, Reason::Cold);
+    }
+
+    #[test]
+    fn a_refused_pod_comes_back_by_poll_or_without_polling_after_a_while() {
+        for (polling, back) in [("", false), (r#""poll_interval_ms":0"#, true)] {
+            let host = FakeHost::default();
+            let r = Router::new(crate::testing::config(polling), Some(tiny_bundle(4)), 0);
+            crate::poller::mark_down(&host, &r.keys, r.pod(1), 2).unwrap();
+            assert!(!r.fleet(&host).loads[1].healthy, "{polling}");
+            host.clock.set(host.clock.get() + RETRY_REFUSED_NS);
+            assert_eq!(r.fleet(&host).loads[1].healthy, back, "{polling}");
+        }
     }
 }

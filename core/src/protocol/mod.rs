@@ -13,5 +13,6 @@
 pub mod defaults;
 pub mod events;
 pub mod headers;
+pub mod pod_metrics;
 
 pub use events::{CacheEvent, EventsPage, LoadReport, SeqEvent, EVENTS_PATH};
