@@ -299,16 +299,38 @@ mod tests {
         )
     }
 
+    /// One tick: the other pod's events poll is answered with an empty page; the call made
+    /// to `pod` is returned unanswered.
+    fn tick_for(root: &RouterRoot<FakeHost>, pod: &str) -> Call {
+        root.tick();
+        let (mine, others): (Vec<Call>, Vec<Call>) = root
+            .host
+            .take_calls()
+            .into_iter()
+            .partition(|c| c.header(headers::DESTINATION) == Some(pod));
+        for other in &others {
+            answer(root, other, "200", &page(0, false));
+        }
+        mine.into_iter().next().unwrap()
+    }
+
+    /// Answers a health check with 200 and the `/metrics` call that follows with `body`.
+    fn healthy_with(root: &RouterRoot<FakeHost>, health: &Call, body: &str) {
+        assert_eq!(health.header(":path"), Some("/health"));
+        answer_text(root, health, "200", "");
+        let m = root.host.take_calls().remove(0);
+        assert_eq!(m.header(":path"), Some("/metrics"));
+        answer_text(root, &m, "200", body);
+    }
+
     #[test]
     fn pods_without_events_are_followed_by_health_and_metrics() {
         use prefix_core::liveness::PodKind;
         let root = configured(r#","down_after_failures":2"#);
         let pod = "127.0.0.1:8001";
-        root.tick();
-        let calls = root.host.take_calls();
-        answer(&root, &calls[1], "200", &page(0, false));
         // a vLLM-like pod: no events endpoint
-        answer_text(&root, &calls[0], "404", "Not Found");
+        let events = tick_for(&root, pod);
+        answer_text(&root, &events, "404", "Not Found");
         assert_eq!(state(&root, pod).kind, PodKind::Metrics);
         assert!(
             state(&root, pod).healthy,
@@ -316,34 +338,14 @@ mod tests {
         );
         assert_eq!(root.host.logged("following its /health and /metrics"), 1);
         let health = root.host.take_calls().remove(0);
-        assert_eq!(health.header(":path"), Some("/health"));
-        answer_text(&root, &health, "200", "");
-        let m = root.host.take_calls().remove(0);
-        assert_eq!(m.header(":path"), Some("/metrics"));
-        answer_text(&root, &m, "200", &vllm_metrics(3, 100.0));
+        healthy_with(&root, &health, &vllm_metrics(3, 100.0));
         let st = state(&root, pod);
         assert_eq!((st.running, st.waiting), (3, 4));
-        let generation = st.generation;
         // the next tick goes straight to /health; a new process start time is a restart
-        root.tick();
-        let calls = root.host.take_calls();
-        assert_eq!(calls.len(), 2);
-        let health = calls
-            .iter()
-            .find(|c| c.header(headers::DESTINATION) == Some(pod))
-            .unwrap();
-        assert_eq!(health.header(":path"), Some("/health"));
-        let other = calls
-            .iter()
-            .find(|c| c.header(headers::DESTINATION) != Some(pod))
-            .unwrap();
-        answer(&root, other, "200", &page(0, false));
-        answer_text(&root, health, "200", "");
-        let m = root.host.take_calls().remove(0);
-        answer_text(&root, &m, "200", &vllm_metrics(1, 200.0));
+        healthy_with(&root, &tick_for(&root, pod), &vllm_metrics(1, 200.0));
         assert_ne!(
             state(&root, pod).generation,
-            generation,
+            st.generation,
             "restarted: its blocks are gone"
         );
         assert_eq!(
@@ -351,46 +353,15 @@ mod tests {
             2,
             "first contact of pod 1, restart of pod 0"
         );
-        // a failing health check, twice: down; metrics that are not a model server's: failed
+        // a failing health check, twice: down
         for _ in 0..2 {
-            root.tick();
-            let calls = root.host.take_calls();
-            let health = calls
-                .iter()
-                .find(|c| c.header(headers::DESTINATION) == Some(pod))
-                .unwrap();
-            answer_text(&root, health, "503", "");
-            let other = calls
-                .iter()
-                .find(|c| c.header(headers::DESTINATION) != Some(pod))
-                .unwrap();
-            answer(&root, other, "200", &page(0, false));
+            answer_text(&root, &tick_for(&root, pod), "503", "");
         }
         assert!(!state(&root, pod).healthy);
-        root.tick();
-        let calls = root.host.take_calls();
-        let health = calls
-            .iter()
-            .find(|c| c.header(headers::DESTINATION) == Some(pod))
-            .unwrap();
-        answer_text(&root, health, "200", "");
-        let m = root.host.take_calls().remove(0);
-        answer_text(&root, &m, "200", "# not a model server\nup 1\n");
+        // healthy, but metrics that are not a model server's: still failing
+        healthy_with(&root, &tick_for(&root, pod), "# not a model server\nup 1\n");
         assert!(!state(&root, pod).healthy, "no load metrics: still failing");
-        let other = calls
-            .iter()
-            .find(|c| c.header(headers::DESTINATION) != Some(pod))
-            .unwrap();
-        answer(&root, other, "200", &page(0, false));
-        root.tick();
-        let calls = root.host.take_calls();
-        let health = calls
-            .iter()
-            .find(|c| c.header(headers::DESTINATION) == Some(pod))
-            .unwrap();
-        answer_text(&root, health, "200", "");
-        let m = root.host.take_calls().remove(0);
-        answer_text(&root, &m, "200", &vllm_metrics(0, 200.0));
+        healthy_with(&root, &tick_for(&root, pod), &vllm_metrics(0, 200.0));
         assert!(state(&root, pod).healthy, "back");
         assert_eq!(root.host.logged("is back"), 1);
     }
