@@ -2,6 +2,7 @@
 //! against the oracle, and requests per pod.
 
 use super::policies::PolicyRun;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use std::path::Path;
 
@@ -29,6 +30,26 @@ pub fn init_font() -> anyhow::Result<()> {
 
 fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
     anyhow::anyhow!("plot: {e:?}")
+}
+
+/// Draws the series labels at `position` and writes the chart out.
+fn finish<'a, DB: DrawingBackend + 'a>(
+    root: &DrawingArea<DB, plotters::coord::Shift>,
+    chart: &mut ChartContext<'a, DB, Cartesian2d<RangedCoordf64, RangedCoordf64>>,
+    position: SeriesLabelPosition,
+) -> anyhow::Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.8))
+        .position(position)
+        .draw()
+        .map_err(err)?;
+    root.present().map_err(err)?;
+    Ok(())
 }
 
 /// TTFT CDF, one line per policy, for one workload.
@@ -74,15 +95,7 @@ where
                 PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
             });
     }
-    chart
-        .configure_series_labels()
-        .border_style(BLACK)
-        .background_style(WHITE.mix(0.8))
-        .position(SeriesLabelPosition::LowerRight)
-        .draw()
-        .map_err(err)?;
-    root.present().map_err(err)?;
-    Ok(())
+    finish(&root, &mut chart, SeriesLabelPosition::LowerRight)
 }
 
 /// Grouped bars: `value(run)` per workload (groups) and policy (bars); `extra` draws an
@@ -177,15 +190,7 @@ where
             .label("oracle")
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(2)));
     }
-    chart
-        .configure_series_labels()
-        .border_style(BLACK)
-        .background_style(WHITE.mix(0.8))
-        .position(SeriesLabelPosition::UpperRight)
-        .draw()
-        .map_err(err)?;
-    root.present().map_err(err)?;
-    Ok(())
+    finish(&root, &mut chart, SeriesLabelPosition::UpperRight)
 }
 
 /// Writes every chart as PNG and SVG into `out`; returns the file names.
