@@ -127,8 +127,6 @@ pub struct PageEffect {
     /// The pod restarted: this page belongs to the old sequence; re-read from 0 at once and
     /// apply none of it.
     pub restarted: bool,
-    /// Record the page's snapshot (a reset) and its live events under the new state.
-    pub apply: bool,
 }
 
 fn next_generation(old: u64, salt: &str, seq: u64) -> u64 {
@@ -177,7 +175,6 @@ pub fn on_page(st: &mut PodState, page: &EventsPage, now_ns: u64) -> PageEffect 
         fx.new_generation = true;
     }
     st.seq = page.seq;
-    fx.apply = true;
     fx
 }
 
@@ -339,7 +336,6 @@ mod tests {
             assert_eq!(fx.new_generation, new_gen, "{name}");
             assert_eq!(st.generation != before, new_gen, "{name}");
             assert_eq!(fx.restarted, restarted, "{name}");
-            assert_eq!(fx.apply, !restarted, "{name}");
             assert_eq!(st.seq, seq, "{name}");
             assert_eq!(st.epoch, page.epoch, "{name}");
             assert_eq!(
@@ -478,7 +474,6 @@ mod tests {
             assert_eq!(fx.new_generation, restart, "{name}");
             assert_eq!(st.generation != before, restart, "{name}");
             assert_eq!((st.running, st.waiting, st.last_ok_ns), (2, 1, 2), "{name}");
-            assert!(!fx.apply, "{name}: no events to record");
         }
         // down, then a good reading brings it back
         let mut st = PodState::default();
