@@ -82,8 +82,13 @@ pub struct RouterConfig {
     pub cluster: String,
 }
 
+/// Default of `poll_interval_ms`.
+pub const DEFAULT_POLL_INTERVAL_MS: u64 = 500;
+/// Default of `table_capacity`.
+pub const DEFAULT_TABLE_CAPACITY: u64 = 65_536;
+
 fn default_poll_interval_ms() -> u64 {
-    500
+    DEFAULT_POLL_INTERVAL_MS
 }
 fn default_down_after_failures() -> u32 {
     2
@@ -98,7 +103,7 @@ fn default_max_body_bytes() -> usize {
     defaults::MAX_BODY_BYTES
 }
 fn default_table_capacity() -> u64 {
-    65_536
+    DEFAULT_TABLE_CAPACITY
 }
 
 /// A configuration that cannot work.

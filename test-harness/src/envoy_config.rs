@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use prefix_core::protocol::defaults;
-use prefix_core::router_config::RouterConfig;
+use prefix_core::router_config::{RouterConfig, DEFAULT_POLL_INTERVAL_MS, DEFAULT_TABLE_CAPACITY};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 
@@ -43,9 +43,9 @@ impl EnvoySettings {
             model_name: defaults::MODEL_NAME.into(),
             max_body_bytes: defaults::MAX_BODY_BYTES,
             debug_headers: true,
-            table_capacity: 65_536,
+            table_capacity: DEFAULT_TABLE_CAPACITY,
             policy: "prefix".into(),
-            poll_interval_ms: 500,
+            poll_interval_ms: DEFAULT_POLL_INTERVAL_MS,
             extra: serde_json::Map::new(),
         }
     }

@@ -4,6 +4,7 @@
 
 use clap::Parser;
 use prefix_core::protocol::defaults;
+use prefix_core::router_config::{DEFAULT_POLL_INTERVAL_MS, DEFAULT_TABLE_CAPACITY};
 use std::path::PathBuf;
 use test_harness::envoy_config::{render, EnvoySettings};
 use test_harness::paths;
@@ -44,13 +45,13 @@ struct Args {
     #[arg(long)]
     debug_headers: bool,
     /// Entries of the filter's ownership table.
-    #[arg(long, default_value_t = 65_536)]
+    #[arg(long, default_value_t = DEFAULT_TABLE_CAPACITY)]
     table_capacity: u64,
     /// Routing policy: prefix, round_robin, random, least_loaded.
     #[arg(long, default_value = "prefix")]
     policy: String,
     /// How often the filter polls pods for health, load and cache events (0 = never).
-    #[arg(long, default_value_t = 500)]
+    #[arg(long, default_value_t = DEFAULT_POLL_INTERVAL_MS)]
     poll_interval_ms: u64,
     /// Write here instead of stdout.
     #[arg(long, short)]
