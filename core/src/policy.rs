@@ -93,11 +93,49 @@ impl Reason {
     }
 }
 
-/// A routing decision: index into the configured pod list, plus the reason.
+/// A routing decision: index into the configured pod list, plus the reason, plus where the
+/// request goes if that pod cannot take it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Decision {
     pub pod: usize,
     pub reason: Reason,
+    /// Other healthy pods to retry on, best first (written after `pod` in the destination
+    /// header; Envoy moves on to the next one on a connect failure or reset).
+    pub fallbacks: Fallbacks,
+}
+
+impl Decision {
+    /// A decision without fallbacks.
+    pub fn new(pod: usize, reason: Reason) -> Self {
+        Decision {
+            pod,
+            reason,
+            fallbacks: Fallbacks::default(),
+        }
+    }
+}
+
+/// How many fallback pods a decision names at most: with the chosen pod that is three tries
+/// before Envoy's own balancing takes over; a bound on what one dead pod can cost a request.
+pub const MAX_FALLBACKS: usize = 2;
+
+/// Ranked fallback pods (indices), best first; a fixed array so a [`Decision`] stays `Copy`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Fallbacks([Option<usize>; MAX_FALLBACKS]);
+
+impl Fallbacks {
+    /// The first [`MAX_FALLBACKS`] of `ranked`.
+    pub fn from_ranked(ranked: impl IntoIterator<Item = usize>) -> Self {
+        let mut out = [None; MAX_FALLBACKS];
+        for (slot, pod) in out.iter_mut().zip(ranked) {
+            *slot = Some(pod);
+        }
+        Fallbacks(out)
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = usize> + '_ {
+        self.0.iter().flatten().copied()
+    }
 }
 
 /// Selectable policies.
@@ -200,11 +238,43 @@ pub struct Inputs<'a, S: AsRef<str>> {
 /// The live owners (pod indices) of one block: the table keeps at most two.
 pub type Owners = [Option<usize>; 2];
 
-/// Chooses a pod. `owners(h)` returns the live owners of block `h`.
+/// Chooses a pod, and ranks the other healthy pods as its fallbacks: those holding more of
+/// the prompt first, then the less loaded (ties in pod order). `owners(h)` returns the live
+/// owners of block `h`.
 pub fn decide<S: AsRef<str>>(
     input: &Inputs<'_, S>,
-    mut owners: impl FnMut(BlockHash) -> Owners,
+    owners: impl FnMut(BlockHash) -> Owners,
 ) -> Option<Decision> {
+    let mut matched = vec![0usize; input.pods.len()];
+    let (pod, reason) = choose(input, owners, &mut matched)?;
+    let healthy = |i: &usize| input.loads.get(*i).is_none_or(|l| l.healthy);
+    let mut rest: Vec<usize> = (0..input.pods.len())
+        .filter(|&i| i != pod)
+        .filter(healthy)
+        .collect();
+    let load = |i: usize| {
+        let l = input.loads.get(i).copied().unwrap_or_default();
+        input.weights.load(&l)
+    };
+    rest.sort_by(|&a, &b| {
+        matched[b]
+            .cmp(&matched[a])
+            .then(load(a).total_cmp(&load(b)))
+            .then(a.cmp(&b))
+    });
+    Some(Decision {
+        pod,
+        reason,
+        fallbacks: Fallbacks::from_ranked(rest),
+    })
+}
+
+/// The choice itself; fills `matched` (per pod, leading blocks it owns) when it looks them up.
+fn choose<S: AsRef<str>>(
+    input: &Inputs<'_, S>,
+    mut owners: impl FnMut(BlockHash) -> Owners,
+    matched: &mut [usize],
+) -> Option<(usize, Reason)> {
     let n = input.pods.len();
     if n == 0 {
         return None;
@@ -232,7 +302,7 @@ pub fn decide<S: AsRef<str>>(
         }
         best
     };
-    let pick = |pod: usize, reason: Reason| Some(Decision { pod, reason });
+    let pick = |pod: usize, reason: Reason| Some((pod, reason));
     match input.policy {
         Policy::RoundRobin => {
             return pick(
@@ -269,7 +339,6 @@ pub fn decide<S: AsRef<str>>(
         max_load - min_load > w.imbalance_abs && max_load > w.imbalance_ratio * min_load;
 
     // per-pod match: the deepest block of the leading chain that the pod owns
-    let mut matched = vec![0usize; n];
     for (i, &h) in input.hashes.iter().enumerate() {
         let mut owned = false;
         for p in owners(h).into_iter().flatten() {
@@ -521,6 +590,35 @@ mod tests {
     }
 
     #[test]
+    fn fallbacks_rank_by_held_prefix_then_load_and_skip_the_unhealthy() {
+        // pod 0 holds both blocks, pod 2 the first; pod 1 is idle
+        let owners = [(1, 0), (2, 0), (1, 2)];
+        let d = run(Policy::Prefix, &busy([0, 0, 3]), &[h(1), h(2)], &owners, 0);
+        assert_eq!((d.pod, d.reason), (0, Reason::PrefixHit { blocks: 2 }));
+        // the second owner first although it is busier: a retry there still skips a block
+        assert_eq!(d.fallbacks.iter().collect::<Vec<_>>(), [2, 1]);
+        // a cold prompt: by load, then pod order; never the chosen pod itself
+        let d = run(Policy::Prefix, &busy([1, 0, 0]), &[h(9)], &[], 0);
+        let expect = if d.pod == 0 {
+            vec![1, 2]
+        } else {
+            vec![3 - d.pod, 0]
+        };
+        assert_eq!(d.fallbacks.iter().collect::<Vec<_>>(), expect, "{d:?}");
+        // an unhealthy pod is never a fallback
+        let mut l = idle();
+        l[1].healthy = false;
+        let d = run(Policy::Prefix, &l, &[h(1), h(2)], &owners, 0);
+        assert_eq!(d.fallbacks.iter().collect::<Vec<_>>(), [2]);
+        // with one pod there is nothing to fall back on
+        assert_eq!(Fallbacks::from_ranked([]), Fallbacks::default());
+        assert_eq!(
+            Fallbacks::from_ranked([4, 5, 6]).iter().count(),
+            MAX_FALLBACKS
+        );
+    }
+
+    #[test]
     fn other_policies() {
         let l = busy([2, 0, 1]);
         assert_eq!(run(Policy::RoundRobin, &l, &[h(1)], &[], 4).pod, 1);
@@ -533,7 +631,8 @@ mod tests {
             run(Policy::LeastLoaded, &l, &[h(1)], &[(1, 0)], 0),
             Decision {
                 pod: 1,
-                reason: Reason::LeastLoaded
+                reason: Reason::LeastLoaded,
+                fallbacks: Fallbacks::from_ranked([2, 0]),
             }
         );
         // unhealthy pods are never chosen by any policy

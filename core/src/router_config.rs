@@ -77,7 +77,9 @@ pub struct RouterConfig {
     /// Consecutive failed polls after which a pod is marked down.
     #[serde(default = "default_down_after_failures")]
     pub down_after_failures: u32,
-    /// Envoy cluster the poller calls pods through (routed by the destination header).
+    /// Envoy cluster the poller calls pods through: an ORIGINAL_DST cluster on the destination
+    /// header, so a poll reaches exactly the pod it names (never the request cluster, whose
+    /// balancer may pick another pod).
     #[serde(default = "default_cluster")]
     pub cluster: String,
 }
@@ -94,7 +96,7 @@ fn default_down_after_failures() -> u32 {
     2
 }
 fn default_cluster() -> String {
-    "pods".to_owned()
+    "pod_polls".to_owned()
 }
 fn default_model_name() -> String {
     defaults::MODEL_NAME.to_owned()

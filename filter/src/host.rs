@@ -82,6 +82,8 @@ pub trait Host: Store {
     fn request_body(&self, size: usize) -> Option<Vec<u8>>;
     /// Answers the current stream locally (the request goes no further).
     fn send_response(&self, status: u16, headers: &[(&str, &str)], body: &[u8]);
+    /// The `ip:port` of the upstream that served the current stream (its last try), if any.
+    fn upstream_address(&self) -> Option<String>;
 }
 
 /// The real host: proxy-wasm host calls into Envoy.
@@ -200,6 +202,13 @@ mod envoy {
         fn send_response(&self, status: u16, headers: &[(&str, &str)], body: &[u8]) {
             let _ = hc::send_http_response(u32::from(status), headers.to_vec(), Some(body));
         }
+
+        fn upstream_address(&self) -> Option<String> {
+            hc::get_property(vec!["upstream", "address"])
+                .ok()
+                .flatten()
+                .and_then(|v| String::from_utf8(v).ok())
+        }
     }
 }
 
@@ -255,6 +264,8 @@ pub mod fake {
         pub response_headers: RefCell<Vec<(String, String)>>,
         pub body: RefCell<Vec<u8>>,
         pub sent: RefCell<Option<Sent>>,
+        /// What `upstream_address` answers for the current stream.
+        pub upstream: RefCell<Option<String>>,
     }
 
     impl FakeHost {
@@ -286,6 +297,7 @@ pub mod fake {
             self.response_headers.borrow_mut().clear();
             self.body.borrow_mut().clear();
             self.sent.borrow_mut().take();
+            self.upstream.borrow_mut().take();
         }
 
         pub fn take_calls(&self) -> Vec<Call> {
@@ -419,6 +431,9 @@ pub mod fake {
                     .collect(),
                 body: body.to_vec(),
             });
+        }
+        fn upstream_address(&self) -> Option<String> {
+            self.upstream.borrow().clone()
         }
     }
 

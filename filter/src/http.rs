@@ -43,10 +43,17 @@ impl<H: Host> RouterHttp<H> {
         }
     }
 
+    /// Writes the chosen pod, then its fallbacks: `ip:port,ip:port,…`. Envoy's override-host
+    /// balancer takes them in order, one per try, and only ever connects to members of the
+    /// pods cluster.
     fn set_destination(&mut self, router: &Router, decision: Decision) {
-        let pod = router.pod(decision.pod);
+        let mut value = router.pod(decision.pod).to_owned();
+        for f in decision.fallbacks.iter() {
+            value.push(',');
+            value.push_str(router.pod(f));
+        }
         self.host
-            .set_header(Headers::Request, headers::DESTINATION, Some(pod));
+            .set_header(Headers::Request, headers::DESTINATION, Some(&value));
         if let Some(m) = &self.metrics {
             m.decision(decision.reason);
         }
@@ -189,11 +196,29 @@ impl<H: Host> RouterHttp<H> {
         Action::Continue
     }
 
-    /// The stream is over, however it ended: release the in-flight slot.
+    /// The stream is over, however it ended: release the in-flight slot, and if Envoy had to
+    /// retry on a fallback, count it and note the failure of the chosen pod (the poller
+    /// confirms or clears that on its next round).
     pub fn log(&mut self) {
-        if let (true, Some(router), Some(d)) = (self.counted, &self.router, self.decision) {
-            self.counted = false;
+        let (Some(router), Some(d)) = (self.router.clone(), self.decision) else {
+            return;
+        };
+        if std::mem::take(&mut self.counted) {
             router.release(&*self.host, d.pod);
+        }
+        let chosen = router.pod(d.pod);
+        let served = self.host.upstream_address();
+        if served.is_some_and(|s| s != chosen) && self.endpoint.is_some() {
+            if let Some(m) = &self.metrics {
+                m.served_elsewhere();
+            }
+            let down_after = router.config.down_after_failures;
+            if mark_down(&*self.host, &router.keys, chosen, down_after).is_some() {
+                self.host.log(
+                    Level::Warn,
+                    &format!("prefix-router: pod {chosen} failed a try; another pod answered"),
+                );
+            }
         }
     }
 }
@@ -302,7 +327,13 @@ mod tests {
         assert_eq!((first, last), (Action::Pause, Action::Continue));
         let d = s.ctx.decision.unwrap();
         assert_eq!(d.reason, Reason::Cold);
-        assert_eq!(s.destination().as_deref(), Some(s.router.pod(d.pod)));
+        // the chosen pod, then the other two as ranked fallbacks
+        let dest = s.destination().unwrap();
+        let named: Vec<&str> = dest.split(',').collect();
+        let mut expect = vec![s.router.pod(d.pod)];
+        expect.extend(d.fallbacks.iter().map(|i| s.router.pod(i)));
+        assert_eq!(named, expect);
+        assert_eq!(named.len(), 3, "{dest}");
         assert_eq!(f.0.metric("prefix_router_decisions_cold"), 1);
         assert_eq!(
             f.0.metric("prefix_router_table_entries"),
@@ -320,11 +351,8 @@ mod tests {
         again.ctx.request_headers(false);
         again.body(r#"{"prompt":"abcdefghijklmnop"}"#);
         assert_eq!(
-            again.ctx.decision.unwrap(),
-            Decision {
-                pod: d.pod,
-                reason: Reason::PrefixHit { blocks: 4 }
-            }
+            again.ctx.decision.map(|d| (d.pod, d.reason)),
+            Some((d.pod, Reason::PrefixHit { blocks: 4 }))
         );
         assert_eq!(f.0.metric("prefix_router_matched_blocks"), 4);
     }
@@ -421,6 +449,33 @@ mod tests {
     }
 
     #[test]
+    fn an_answer_from_a_fallback_counts_and_marks_the_chosen_pod() {
+        let f = setup("");
+        let mut s = stream(&f, &POST);
+        s.ctx.request_headers(false);
+        s.body(r#"{"prompt":"abcdefgh"}"#);
+        let d = s.ctx.decision.unwrap();
+        let (chosen, fallback) = (s.router.pod(d.pod).to_owned(), d.fallbacks.iter().next());
+        let fallback = s.router.pod(fallback.unwrap()).to_owned();
+        // the chosen pod answered: nothing to note
+        *f.0.upstream.borrow_mut() = Some(chosen.clone());
+        s.respond("200", true);
+        s.ctx.log();
+        assert_eq!(f.0.metric("prefix_router_served_by_fallback"), 0);
+        // Envoy retried on the first fallback, which answered
+        let mut s = stream(&f, &POST);
+        s.ctx.request_headers(false);
+        s.body(r#"{"prompt":"abcdefgh"}"#);
+        assert_eq!(s.ctx.decision.unwrap().pod, d.pod, "still the owner");
+        *f.0.upstream.borrow_mut() = Some(fallback);
+        s.respond("200", true);
+        s.ctx.log();
+        assert_eq!(f.0.metric("prefix_router_served_by_fallback"), 1);
+        assert!(!read_state(&*f.0, &s.router.keys, &chosen).0.healthy);
+        assert_eq!(s.inflight(), [0, 0, 0], "the chosen pod's slot is released");
+    }
+
+    #[test]
     fn debug_headers_tell_the_decision() {
         let f = setup(r#""debug_headers":true"#);
         let mut s = stream(&f, &POST);
@@ -430,7 +485,9 @@ mod tests {
         let h = |n| f.0.header(Headers::Response, n);
         assert_eq!(h(debug::REASON).as_deref(), Some("cold"));
         assert_eq!(h(debug::MATCHED_BLOCKS).as_deref(), Some("0"));
-        assert_eq!(h(debug::POD), s.destination());
+        // the debug header names the chosen pod, the destination header lists fallbacks after it
+        let chosen = h(debug::POD).unwrap();
+        assert!(s.destination().unwrap().starts_with(&format!("{chosen},")));
         let hashes = f.1.bundle.as_ref().unwrap();
         let req =
             prefix_core::request::parse_request(Endpoint::Completions, br#"{"prompt":"abcdefgh"}"#)

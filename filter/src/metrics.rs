@@ -28,6 +28,7 @@ pub struct Metrics<H: Host> {
     table_replacements: Id,
     table_conflicts: Id,
     rejected: Id,
+    served_elsewhere: Id,
     route_us: Id,
     prepare_us: Id,
     events_stored: Id,
@@ -56,6 +57,7 @@ impl<H: Host> Metrics<H> {
             table_replacements: def(Counter, "prefix_router_table_replacements"),
             table_conflicts: def(Counter, "prefix_router_table_conflicts"),
             rejected: def(Counter, "prefix_router_rejected"),
+            served_elsewhere: def(Counter, "prefix_router_served_by_fallback"),
             route_us: def(Histogram, "prefix_router_route_us"),
             prepare_us: def(Histogram, "prefix_router_tokenize_us"),
             events_stored: def(Counter, "prefix_router_events_blocks_stored"),
@@ -104,6 +106,11 @@ impl<H: Host> Metrics<H> {
 
     pub fn rejected(&self) {
         self.inc(self.rejected, 1);
+    }
+
+    /// Envoy retried a request away from the chosen pod and another one answered it.
+    pub fn served_elsewhere(&self) {
+        self.inc(self.served_elsewhere, 1);
     }
 
     /// Whole routing time, and the part of it spent rendering, tokenizing and hashing.

@@ -210,7 +210,7 @@ mod tests {
         let calls = root.host.take_calls();
         assert_eq!(calls.len(), 2);
         for (call, pod) in calls.iter().zip(["127.0.0.1:8001", "127.0.0.1:8002"]) {
-            assert_eq!(call.cluster, "pods");
+            assert_eq!(call.cluster, "pod_polls");
             assert_eq!(call.header(headers::DESTINATION), Some(pod));
             assert_eq!(call.header(":path"), Some("/v1/cache/events?since=0"));
             assert_eq!(call.timeout, Duration::from_millis(500));

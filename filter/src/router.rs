@@ -199,9 +199,9 @@ impl Router {
         let fleet = self.fleet(store);
         let table = OwnershipTable::new(store, &self.layout);
         let d = self.choose(&table, Policy::LeastLoaded, &[], &fleet);
-        Decision {
-            pod: d.map(|d| d.pod).unwrap_or(0),
-            reason,
+        match d {
+            Some(d) => Decision { reason, ..d },
+            None => Decision::new(0, reason),
         }
     }
 
@@ -350,11 +350,8 @@ mod tests {
             .route(&host, Endpoint::Completions, &body("abcdXXXXzz"))
             .unwrap();
         assert_eq!(
-            partial.decision,
-            Decision {
-                pod: first.decision.pod,
-                reason: Reason::PrefixHit { blocks: 1 }
-            }
+            (partial.decision.pod, partial.decision.reason),
+            (first.decision.pod, Reason::PrefixHit { blocks: 1 })
         );
     }
 
@@ -406,11 +403,8 @@ mod tests {
             .unwrap()
             .decision;
         assert_eq!(
-            again,
-            Decision {
-                pod: d.pod,
-                reason: Reason::PrefixHit { blocks: 2 }
-            }
+            (again.pod, again.reason),
+            (d.pod, Reason::PrefixHit { blocks: 2 })
         );
     }
 

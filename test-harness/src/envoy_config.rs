@@ -1,6 +1,7 @@
 //! Renders `envoy/envoy.yaml.j2` (minijinja) for a given set of pods and ports.
 
 use anyhow::Context;
+use prefix_core::policy::MAX_FALLBACKS;
 use prefix_core::protocol::defaults;
 use prefix_core::router_config::{RouterConfig, DEFAULT_POLL_INTERVAL_MS, DEFAULT_TABLE_CAPACITY};
 use serde_json::json;
@@ -11,8 +12,10 @@ use std::path::{Path, PathBuf};
 pub struct EnvoySettings {
     pub listen_port: u16,
     pub admin_port: u16,
-    /// `ip:port` of every pod.
+    /// `ip:port` of every pod the filter knows (plugin configuration).
     pub pods: Vec<String>,
+    /// Members of Envoy's `pods` cluster, when they differ from `pods` (`None`: the same).
+    pub members: Option<Vec<String>>,
     /// The filter; `None` renders Envoy without it (plain round-robin, for comparisons).
     pub wasm: Option<PathBuf>,
     pub block_size: u32,
@@ -38,6 +41,7 @@ impl EnvoySettings {
             listen_port,
             admin_port,
             pods,
+            members: None,
             wasm,
             block_size: defaults::BLOCK_SIZE,
             model_name: defaults::MODEL_NAME.into(),
@@ -88,12 +92,12 @@ pub fn render_unchecked(settings: &EnvoySettings, template_dir: &Path) -> anyhow
     let template =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let plugin = settings.plugin_config();
-    let mut pods = Vec::new();
-    for p in &settings.pods {
+    let mut members = Vec::new();
+    for p in settings.members.as_ref().unwrap_or(&settings.pods) {
         let addr: std::net::SocketAddr = p
             .parse()
             .with_context(|| format!("pod '{p}' is not ip:port"))?;
-        pods.push(json!({"host": addr.ip().to_string(), "port": addr.port()}));
+        members.push(json!({"host": addr.ip().to_string(), "port": addr.port()}));
     }
     let mut env = minijinja::Environment::new();
     env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
@@ -104,7 +108,9 @@ pub fn render_unchecked(settings: &EnvoySettings, template_dir: &Path) -> anyhow
         "buffer_limit": settings.max_body_bytes + 64 * 1024,
         "plugin_config": plugin,
         "wasm_path": settings.wasm.as_ref().map(|p| p.display().to_string()),
-        "pods": pods,
+        "members": members,
+        // the chosen pod, each fallback, then one try by plain balancing
+        "num_retries": MAX_FALLBACKS + 1,
     }))?;
     Ok(yaml)
 }

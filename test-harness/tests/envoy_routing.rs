@@ -189,6 +189,36 @@ fn filter_and_server_hash_identically() {
 }
 
 #[test]
+fn a_destination_outside_the_cluster_is_never_reached() {
+    // The filter is told of three pods, but Envoy's `pods` cluster has only the first two, as
+    // if the filter's list were stale or broken. Whatever it writes, Envoy connects only to
+    // members: requests it sends to the third are served by a fallback member.
+    let f = Fleet::start("outsider", 3, &ZERO_COST, |s| {
+        s.members = Some(s.pods[..2].to_vec());
+    })
+    .expect("fleet starts");
+    let outsider = &f.pods[2];
+    let mut chosen_outsider = 0;
+    for i in 0..30 {
+        let a = f.send(
+            "/v1/completions",
+            &json!({"prompt": format!("{i} {RUNBOOK}"), "max_tokens": 1}),
+            &[],
+        );
+        assert_eq!(a.status, 200, "{}", a.body);
+        assert_ne!(a.pod, outsider.name, "request {i} reached a non-member");
+        if header(&a, "x-prefix-router-pod") == outsider.addr {
+            chosen_outsider += 1;
+        }
+    }
+    assert!(chosen_outsider > 0, "the filter never chose the outsider");
+    let served =
+        test_harness::cluster::pod_metric(&f.http, &outsider.addr, "vllm:prompt_tokens_total")
+            .unwrap();
+    assert_eq!(served, 0.0, "the outsider served requests");
+}
+
+#[test]
 fn client_destination_header_is_never_honoured() {
     let f = fleet("spoof");
     let body = json!({"prompt": format!("{RUNBOOK}{RUNBOOK}"), "max_tokens": 1});
