@@ -8,11 +8,16 @@
 # The build takes ~4 min on 2 cores (measured), so it lands in $PREFIX_ROUTER_CACHE (default
 # ~/.cache/prefix-router) keyed by version, and a fresh clone on the same machine reuses it.
 # Offline: no web UI download (LLAMA_USE_PREBUILT_UI=OFF), no curl/OpenSSL.
+# Portable, not -march=native (GGML_NATIVE=OFF: an x86-64 AVX2/FMA build): a native build on a
+# CPU that advertises AMX but runs under a kernel or sandbox that does not enable it (this
+# machine) segfaults in ggml's AMX matmul while loading the model, and a cache shared between
+# machines must not depend on the one that built it.
 set -euo pipefail
 VERSION=11434.0.0
 SHA256=b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
 CACHE=${PREFIX_ROUTER_CACHE:-$HOME/.cache/prefix-router}
-DIR=$CACHE/llama.cpp-$VERSION
+FLAVOUR=portable-avx2 # part of the cache key: a change of build flags rebuilds
+DIR=$CACHE/llama.cpp-$VERSION-$FLAVOUR
 BIN=$DIR/bin/llama-server
 say() { printf '[llama-server] %s\n' "$*" >&2; }
 
@@ -49,7 +54,7 @@ start=$(date +%s)
 cmake -S "$SRC/llama.cpp" -B "$DIR/build" -DCMAKE_BUILD_TYPE=Release \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF \
   -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_CURL=OFF \
-  -DBUILD_SHARED_LIBS=OFF >"$DIR/cmake.log" 2>&1 || { tail -30 "$DIR/cmake.log" >&2; exit 1; }
+  -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF >"$DIR/cmake.log" 2>&1 || { tail -30 "$DIR/cmake.log" >&2; exit 1; }
 cmake --build "$DIR/build" --target llama-server -j "$(nproc)" >"$DIR/build.log" 2>&1 ||
   { tail -30 "$DIR/build.log" >&2; exit 1; }
 mkdir -p "$DIR/bin"

@@ -13,7 +13,11 @@
 //! - A pod without the events endpoint (vLLM, SGLang, llama.cpp: [`PodKind::Metrics`]) is
 //!   followed through its health and Prometheus metrics instead: load from the metrics, a
 //!   restart from a new process start time or a monotonic counter going backwards (a new
-//!   generation: the blocks the router recorded for it are gone).
+//!   generation: the blocks the router recorded for it are gone). A pod that could not be
+//!   reached at all (connection refused: no process was listening) and answers again is a new
+//!   process too, unless it reports the same start time: llama.cpp reports none, and a
+//!   counter cannot go back if the router never saw it move before the crash. A poll that
+//!   only timed out (a busy pod) says nothing about a restart.
 //! - `down_after_failures` failed polls in a row mark the pod down; one good poll brings it
 //!   back. A connection refused or reset on the request path (Envoy answers 502/503 itself,
 //!   without the pod's header) marks it down at once.
@@ -59,6 +63,9 @@ pub struct PodState {
     pub last_ok_ns: u64,
     /// Router clock (ns) of the last refused connection on the request path; 0 = none.
     pub refused_ns: u64,
+    /// The pod could not be reached at all (connection refused or reset) since its last good
+    /// answer: whatever answers next at this address may be a new process.
+    pub unreachable: bool,
 }
 
 impl Default for PodState {
@@ -76,6 +83,7 @@ impl Default for PodState {
             kv_cache_usage: 0.0,
             last_ok_ns: 0,
             refused_ns: 0,
+            unreachable: false,
         }
     }
 }
@@ -99,6 +107,17 @@ impl PodState {
             || retry_ns.is_some_and(|r| {
                 self.refused_ns != 0 && now_ns >= self.refused_ns.saturating_add(r)
             })
+    }
+
+    /// What the router hears from the pod (the `prefix_router_pod<i>_signals` gauge): 0 before
+    /// its first good poll, 1 its cache events (this project's server), 2 its health and
+    /// metrics only (vLLM, SGLang, llama.cpp).
+    pub fn signals(&self) -> u64 {
+        match (self.last_ok_ns, self.kind) {
+            (0, _) | (_, PodKind::Unknown) => 0,
+            (_, PodKind::Events) => 1,
+            (_, PodKind::Metrics) => 2,
+        }
     }
 
     /// Milliseconds since the last successful poll (0 before the first).
@@ -144,6 +163,7 @@ fn answered(st: &mut PodState, load: &LoadReport, now_ns: u64) -> PageEffect {
     };
     st.healthy = true;
     st.fails = 0;
+    st.unreachable = false;
     st.set_load(load);
     st.last_ok_ns = now_ns;
     fx
@@ -182,18 +202,23 @@ pub fn on_page(st: &mut PodState, page: &EventsPage, now_ns: u64) -> PageEffect 
 ///
 /// The first reading keeps what the router recorded before it (nothing says the pod
 /// restarted; a wrong guess costs one cache miss). Afterwards a different process start time,
-/// or a monotonic counter that went backwards, is a restart: a new generation.
+/// a monotonic counter that went backwards, or an answer after the pod could not be reached
+/// (without the same start time to prove it is the same process) is a restart: a new
+/// generation.
 pub fn on_metrics(st: &mut PodState, m: &MetricsReport, now_ns: u64) -> PageEffect {
+    let was_unreachable = st.unreachable;
     let mut fx = answered(st, &m.load, now_ns);
     let epoch = m
         .start_time
         .map(|t| format!("start:{t}"))
         .unwrap_or_default();
     let known = st.kind == PodKind::Metrics;
+    let same_start = !epoch.is_empty() && epoch == st.epoch;
     let new_start = known && !epoch.is_empty() && !st.epoch.is_empty() && epoch != st.epoch;
     let went_back =
         known && matches!((st.counter, m.monotonic), (Some(old), Some(new)) if new < old);
-    if new_start || went_back {
+    let came_back = known && was_unreachable && !same_start;
+    if new_start || went_back || came_back {
         st.generation = next_generation(st.generation, &epoch, now_ns);
         fx.new_generation = true;
     }
@@ -208,10 +233,12 @@ pub fn on_no_events(st: &mut PodState) {
     st.kind = PodKind::Metrics;
 }
 
-/// A poll that failed (no answer, non-200, a body that is not a page). Returns whether the
-/// pod went down with it.
-pub fn on_poll_failure(st: &mut PodState, down_after: u32) -> bool {
+/// A poll that failed (no answer, non-200, a body that is not a page); `unreachable`: no
+/// connection could be made ([`is_unreachable_reply`]). Returns whether the pod went down
+/// with it.
+pub fn on_poll_failure(st: &mut PodState, down_after: u32, unreachable: bool) -> bool {
     let was = st.healthy;
+    st.unreachable |= unreachable;
     st.fails = st.fails.saturating_add(1);
     if st.fails >= down_after {
         st.healthy = false;
@@ -223,7 +250,16 @@ pub fn on_poll_failure(st: &mut PodState, down_after: u32) -> bool {
 pub fn on_connect_failure(st: &mut PodState, down_after: u32, now_ns: u64) {
     st.fails = st.fails.max(down_after);
     st.healthy = false;
+    st.unreachable = true;
     st.refused_ns = now_ns.max(1);
+}
+
+/// Whether a poll's answer is Envoy's own reply for a pod it could not connect to (or that
+/// reset the connection before answering): status 503 with Envoy's "upstream connect error"
+/// text. A pod's own 503 (llama.cpp while it loads the model, say) and a timeout (no answer)
+/// are not.
+pub fn is_unreachable_reply(status: Option<&str>, body: &[u8]) -> bool {
+    status == Some("503") && body.starts_with(b"upstream connect error")
 }
 
 /// Whether a response means the chosen pod never answered: Envoy's own 502/503, which carries
@@ -374,7 +410,7 @@ mod tests {
             let mut st = PodState::default();
             let mut went_down = 0;
             for _ in 0..polls {
-                went_down += u32::from(on_poll_failure(&mut st, down_after));
+                went_down += u32::from(on_poll_failure(&mut st, down_after, false));
             }
             assert_eq!(st.healthy, healthy, "{down_after}/{polls}");
             assert_eq!(
@@ -402,7 +438,7 @@ mod tests {
             "never refused"
         );
         assert!(
-            !on_poll_failure(&mut st, 2),
+            !on_poll_failure(&mut st, 2, false),
             "already down: not reported again"
         );
     }
@@ -421,46 +457,93 @@ mod tests {
 
     #[test]
     fn metrics_pods_restart_on_a_new_start_time_or_a_counter_going_back() {
-        // (name, first reading, second reading, restart?)
+        /// What happened between the two readings.
+        #[derive(Clone, Copy)]
+        enum Between {
+            Nothing,
+            /// polls timed out (a busy pod)
+            Timeouts,
+            /// polls found nobody listening
+            Refused,
+            /// the request path could not connect
+            RequestRefused,
+        }
+        use Between::*;
+        // (name, first reading, between, second reading, restart?)
         let cases = [
             (
                 "same process",
                 metrics(1, Some(10.0), Some(5.0)),
+                Nothing,
                 metrics(2, Some(10.0), Some(9.0)),
                 false,
             ),
             (
                 "new start time",
                 metrics(1, Some(10.0), Some(5.0)),
+                Nothing,
                 metrics(2, Some(20.0), Some(9.0)),
                 true,
             ),
             (
                 "counter went back",
                 metrics(1, None, Some(500.0)),
+                Nothing,
                 metrics(2, None, Some(3.0)),
                 true,
             ),
             (
                 "counter unchanged",
                 metrics(1, None, Some(500.0)),
+                Nothing,
                 metrics(2, None, Some(500.0)),
                 false,
             ),
             (
                 "nothing to tell by",
                 metrics(1, None, None),
+                Nothing,
                 metrics(2, None, None),
                 false,
             ),
             (
                 "start time appears",
                 metrics(1, None, None),
+                Nothing,
                 metrics(2, Some(7.0), None),
                 false,
             ),
+            // killed before its counter was ever seen to move (llama.cpp: no start time)
+            (
+                "refused, then back",
+                metrics(1, None, Some(0.0)),
+                Refused,
+                metrics(2, None, Some(0.0)),
+                true,
+            ),
+            (
+                "refused on a request",
+                metrics(1, None, Some(0.0)),
+                RequestRefused,
+                metrics(2, None, Some(0.0)),
+                true,
+            ),
+            (
+                "busy: timeouts only",
+                metrics(1, None, Some(0.0)),
+                Timeouts,
+                metrics(2, None, Some(0.0)),
+                false,
+            ),
+            (
+                "refused, same start time",
+                metrics(1, Some(10.0), None),
+                Refused,
+                metrics(2, Some(10.0), None),
+                false,
+            ),
         ];
-        for (name, first, second, restart) in cases {
+        for (name, first, between, second, restart) in cases {
             let mut st = PodState::default();
             on_no_events(&mut st);
             let fx = on_metrics(&mut st, &first, 1);
@@ -470,15 +553,29 @@ mod tests {
             );
             assert_eq!(st.kind, PodKind::Metrics);
             let before = st.generation;
+            match between {
+                Nothing => {}
+                Timeouts => (0..3).for_each(|_| {
+                    on_poll_failure(&mut st, 2, false);
+                }),
+                Refused => (0..3).for_each(|_| {
+                    on_poll_failure(&mut st, 2, true);
+                }),
+                RequestRefused => on_connect_failure(&mut st, 2, 5),
+            }
             let fx = on_metrics(&mut st, &second, 2);
             assert_eq!(fx.new_generation, restart, "{name}");
             assert_eq!(st.generation != before, restart, "{name}");
             assert_eq!((st.running, st.waiting, st.last_ok_ns), (2, 1, 2), "{name}");
+            assert!(
+                st.healthy && !st.unreachable,
+                "{name}: a good answer clears it"
+            );
         }
         // down, then a good reading brings it back
         let mut st = PodState::default();
         on_metrics(&mut st, &metrics(0, None, None), 1);
-        on_poll_failure(&mut st, 1);
+        on_poll_failure(&mut st, 1, false);
         assert!(on_metrics(&mut st, &metrics(0, None, None), 2).recovered);
         assert!(st.healthy);
     }
@@ -512,5 +609,19 @@ mod tests {
         assert_eq!(PodState::default().lag_ms(5_000_000), 0);
         assert_eq!(st.load(2).inflight, 2);
         assert_eq!(st.load(2).waiting, 3);
+    }
+
+    #[test]
+    fn only_envoys_connect_failure_reply_means_unreachable() {
+        let envoy = b"upstream connect error or disconnect/reset before headers. reset reason: remote connection failure, transport failure reason: delayed connect error: Connection refused";
+        assert!(is_unreachable_reply(Some("503"), envoy));
+        let loading =
+            br#"{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}"#;
+        assert!(
+            !is_unreachable_reply(Some("503"), loading),
+            "the pod's own 503"
+        );
+        assert!(!is_unreachable_reply(None, b""), "a timeout");
+        assert!(!is_unreachable_reply(Some("500"), envoy));
     }
 }

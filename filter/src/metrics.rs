@@ -5,6 +5,7 @@
 
 use crate::host::{Host, MetricKind};
 use crate::poller::Applied;
+use prefix_core::liveness::PodState;
 use prefix_core::policy::{Reason, ReasonKind};
 use std::rc::Rc;
 use strum::IntoEnumIterator;
@@ -17,6 +18,7 @@ struct PodIds {
     healthy: Id,
     inflight: Id,
     event_lag_ms: Id,
+    signals: Id,
 }
 
 pub struct Metrics<H: Host> {
@@ -69,6 +71,7 @@ impl<H: Host> Metrics<H> {
                     healthy: def(Gauge, &format!("prefix_router_pod{i}_healthy")),
                     inflight: def(Gauge, &format!("prefix_router_pod{i}_inflight")),
                     event_lag_ms: def(Gauge, &format!("prefix_router_pod{i}_event_lag_ms")),
+                    signals: def(Gauge, &format!("prefix_router_pod{i}_signals")),
                 })
                 .collect(),
             host,
@@ -135,11 +138,14 @@ impl<H: Host> Metrics<H> {
         self.inc(self.polls_failed, 1);
     }
 
-    pub fn pod(&self, i: usize, healthy: bool, inflight: u32, lag_ms: u64) {
+    /// Pod `i`'s gauges: health, this router's requests in flight to it, time since its last
+    /// good poll, and what the router hears from it ([`PodState::signals`]).
+    pub fn pod(&self, i: usize, st: &PodState, inflight: u32, now_ns: u64) {
         if let Some(p) = self.pods.get(i) {
-            self.set(p.healthy, u64::from(healthy));
+            self.set(p.healthy, u64::from(st.healthy));
             self.set(p.inflight, u64::from(inflight));
-            self.set(p.event_lag_ms, lag_ms);
+            self.set(p.event_lag_ms, st.lag_ms(now_ns));
+            self.set(p.signals, st.signals());
         }
     }
 }

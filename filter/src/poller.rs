@@ -99,10 +99,11 @@ pub fn apply_failure<S: Store>(
     keys: &Keys,
     pod: &str,
     down_after: u32,
+    unreachable: bool,
 ) -> Option<(PodState, bool)> {
     let mut went_down = false;
     let st = update_state(store, keys, pod, |st| {
-        went_down = liveness::on_poll_failure(st, down_after)
+        went_down = liveness::on_poll_failure(st, down_after, unreachable)
     })?;
     Some((st, went_down))
 }
@@ -181,7 +182,7 @@ impl Poller {
         let fleet = router.fleet(host);
         *self.catch_up.borrow_mut() = vec![0; fleet.states.len()];
         for (i, st) in fleet.states.iter().enumerate() {
-            metrics.pod(i, st.healthy, fleet.inflight.of(i), st.lag_ms(now));
+            metrics.pod(i, st, fleet.inflight.of(i), now);
             if self.out.borrow().values().any(|&(p, _)| p == i) {
                 continue; // the previous poll of this pod is still out
             }
@@ -216,7 +217,7 @@ impl Poller {
                         router.config.cluster
                     ),
                 );
-                self.failed(host, router, metrics, i, &e);
+                self.failed(host, router, metrics, i, &e, false);
             }
         }
     }
@@ -228,11 +229,12 @@ impl Poller {
         metrics: &Metrics<H>,
         i: usize,
         why: &str,
+        unreachable: bool,
     ) {
         metrics.poll_failed();
         let addr = router.pod(i);
         let down_after = router.config.down_after_failures;
-        if let Some((_, true)) = apply_failure(host, &router.keys, addr, down_after) {
+        if let Some((_, true)) = apply_failure(host, &router.keys, addr, down_after, unreachable) {
             host.log(
                 Level::Warn,
                 &format!("prefix-router: pod {addr} marked down: {why}"),
@@ -272,15 +274,22 @@ impl Poller {
             }
             (Ask::Health, Some("200")) => return self.poll(host, router, metrics, i, Ask::Metrics),
             (Ask::Metrics, Some("200")) => apply_metrics(host, &router.keys, addr, &body(), now),
-            (ask, other) => Err(format!(
-                "{} answered status {}",
-                ask.path(),
-                other.unwrap_or("none (no answer)")
-            )),
+            (ask, other) => {
+                let body = body();
+                let unreachable = liveness::is_unreachable_reply(other, &body);
+                let excerpt =
+                    String::from_utf8_lossy(body.get(..160).unwrap_or(&body)).into_owned();
+                let why = format!(
+                    "{} answered status {}: {excerpt}",
+                    ask.path(),
+                    other.unwrap_or("none (no answer)")
+                );
+                return self.failed(host, router, metrics, i, &why, unreachable);
+            }
         };
         let a = match applied {
             Ok(a) => a,
-            Err(e) => return self.failed(host, router, metrics, i, &e),
+            Err(e) => return self.failed(host, router, metrics, i, &e, false),
         };
         if a.recovered {
             host.log(Level::Info, &format!("prefix-router: pod {addr} is back"));
@@ -386,9 +395,14 @@ mod tests {
         let host = FakeHost::default();
         let keys = Keys::new("ns");
         let layout = TableLayout::new("ns/t", 16);
-        assert!(apply_failure(&host, &keys, POD, 2).unwrap().0.healthy);
+        assert!(
+            apply_failure(&host, &keys, POD, 2, false)
+                .unwrap()
+                .0
+                .healthy
+        );
         assert_eq!(
-            apply_failure(&host, &keys, POD, 2).map(|(s, down)| (s.healthy, down)),
+            apply_failure(&host, &keys, POD, 2, false).map(|(s, down)| (s.healthy, down)),
             Some((false, true))
         );
         let a = apply_body(&host, &keys, &layout, POD, &page("e", 0, json!([])), 5).unwrap();
@@ -396,6 +410,50 @@ mod tests {
         assert!(read_state(&host, &keys, POD).0.healthy);
         assert!(!mark_down(&host, &keys, POD, 2).unwrap().healthy);
         assert!(apply_body(&host, &keys, &layout, POD, b"not json", 6).is_err());
+    }
+
+    /// `llama-server --metrics` output with `computed` prompt tokens so far.
+    fn llama_metrics(computed: u32) -> Vec<u8> {
+        format!(
+            "# HELP llamacpp:prompt_tokens_total Number of prompt tokens processed, excluding cached tokens\n\
+             # TYPE llamacpp:prompt_tokens_total counter\n\
+             llamacpp:prompt_tokens_total {computed}\n\
+             llamacpp:prompt_tokens_cached_total 0\n\
+             llamacpp:n_busy_slots_per_decode 1\n\
+             llamacpp:requests_processing 0\n\
+             llamacpp:requests_deferred 0\n"
+        )
+        .into_bytes()
+    }
+
+    #[test]
+    fn a_metrics_pod_killed_and_restarted_gets_a_new_generation() {
+        let host = FakeHost::default();
+        let keys = Keys::new("ns");
+        update_state(&host, &keys, POD, liveness::on_no_events).unwrap();
+        let first = apply_metrics(&host, &keys, POD, &llama_metrics(0), 1).unwrap();
+        assert!(
+            !first.new_generation,
+            "first contact keeps the router's records"
+        );
+        let served = apply_metrics(&host, &keys, POD, &llama_metrics(149), 2).unwrap();
+        assert!(!served.new_generation);
+        // killed: polls find nobody listening
+        apply_failure(&host, &keys, POD, 2, true).unwrap();
+        apply_failure(&host, &keys, POD, 2, true).unwrap();
+        // restarted: its counter starts again from zero
+        let back = apply_metrics(&host, &keys, POD, &llama_metrics(0), 3).unwrap();
+        assert!(back.recovered && back.new_generation);
+        // killed right after its first request, before a poll saw the counter move: the
+        // refused connection alone says the process behind the address is new
+        assert!(!mark_down(&host, &keys, POD, 2).unwrap().healthy);
+        let back = apply_metrics(&host, &keys, POD, &llama_metrics(0), 4).unwrap();
+        assert!(back.recovered && back.new_generation);
+        // a busy pod whose polls time out is the same process when it answers again
+        apply_failure(&host, &keys, POD, 2, false).unwrap();
+        apply_failure(&host, &keys, POD, 2, false).unwrap();
+        let back = apply_metrics(&host, &keys, POD, &llama_metrics(0), 5).unwrap();
+        assert!(back.recovered && !back.new_generation);
     }
 
     #[test]

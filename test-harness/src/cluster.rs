@@ -10,9 +10,19 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-/// One model-server process.
+/// Which server a pod runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PodKind {
+    /// This project's `model-server` (cache events, `x-inference-pod`, `vllm:*` metrics).
+    ModelServer,
+    /// llama.cpp's `llama-server` (health and `llamacpp:*` metrics only).
+    LlamaCpp,
+}
+
+/// One pod process.
 pub struct Pod {
     pub name: String,
+    pub kind: PodKind,
     /// `127.0.0.1:port`
     pub addr: String,
     pub proc: Proc,
@@ -66,12 +76,24 @@ fn healthy(http: &Client, url: &str) -> bool {
         .is_ok_and(|r| r.status().is_success())
 }
 
-/// Starts `n` pods named `pod-0..` with extra model-server flags, and waits for health (all
+/// Starts `n` model-server pods named `pod-0..` with extra flags, and waits for health (all
 /// start at once, then each is waited for).
 pub fn start_pods(n: usize, extra_args: &[&str], dir: &Path) -> anyhow::Result<Vec<Pod>> {
-    let bin = paths::model_server_bin();
-    if !bin.is_file() {
-        bail!("{} not built (cargo build -p model-server)", bin.display());
+    start_pods_of(PodKind::ModelServer, n, extra_args, dir)
+}
+
+/// [`start_pods`] for any kind of server.
+pub fn start_pods_of(
+    kind: PodKind,
+    n: usize,
+    extra_args: &[&str],
+    dir: &Path,
+) -> anyhow::Result<Vec<Pod>> {
+    if kind == PodKind::ModelServer {
+        let bin = paths::model_server_bin();
+        if !bin.is_file() {
+            bail!("{} not built (cargo build -p model-server)", bin.display());
+        }
     }
     let http = client();
     // distinct ports: none is bound until the pods start, so the OS could hand one out twice
@@ -90,30 +112,44 @@ pub fn start_pods(n: usize, extra_args: &[&str], dir: &Path) -> anyhow::Result<V
     }
     let mut starting = Vec::with_capacity(n);
     for (i, port) in ports.into_iter().enumerate() {
-        starting.push(spawn_pod(&format!("pod-{i}"), port, extra_args, dir)?);
+        starting.push(spawn_pod(kind, &format!("pod-{i}"), port, extra_args, dir)?);
     }
     starting.into_iter().map(|pod| pod.ready(&http)).collect()
 }
 
 /// Starts one pod on `port` (used again to restart a pod on the same address).
 pub fn start_pod(
+    kind: PodKind,
     name: &str,
     port: u16,
     extra_args: &[&str],
     dir: &Path,
     http: &Client,
 ) -> anyhow::Result<Pod> {
-    spawn_pod(name, port, extra_args, dir)?.ready(http)
+    spawn_pod(kind, name, port, extra_args, dir)?.ready(http)
 }
 
-fn spawn_pod(name: &str, port: u16, extra_args: &[&str], dir: &Path) -> anyhow::Result<Pod> {
+fn spawn_pod(
+    kind: PodKind,
+    name: &str,
+    port: u16,
+    extra_args: &[&str],
+    dir: &Path,
+) -> anyhow::Result<Pod> {
     let addr = format!("127.0.0.1:{port}");
-    let mut cmd = Command::new(paths::model_server_bin());
-    cmd.args(["--listen", &addr, "--pod-name", name])
-        .args(extra_args);
+    let cmd = match kind {
+        PodKind::ModelServer => {
+            let mut cmd = Command::new(paths::model_server_bin());
+            cmd.args(["--listen", &addr, "--pod-name", name])
+                .args(extra_args);
+            cmd
+        }
+        PodKind::LlamaCpp => crate::llama::command(port, extra_args)?,
+    };
     let proc = Proc::spawn(name, cmd, dir)?;
     Ok(Pod {
         name: name.to_owned(),
+        kind,
         addr,
         proc,
     })

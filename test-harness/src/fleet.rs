@@ -1,7 +1,7 @@
 //! A fleet for tests: pods plus one or more Envoys, and helpers to send requests through them.
 
 use crate::cluster::{
-    client, metric_value, pod_metric, run_dir, start_envoy, start_pods, Envoy, Pod,
+    client, metric_value, pod_metric, run_dir, start_envoy, start_pods_of, Envoy, Pod, PodKind,
 };
 use crate::envoy_config::EnvoySettings;
 use reqwest::blocking::{Client, Response};
@@ -73,8 +73,19 @@ impl Fleet {
         pod_args: &[&str],
         tweak: impl FnOnce(&mut EnvoySettings),
     ) -> anyhow::Result<Fleet> {
+        Self::start_of(PodKind::ModelServer, name, n, pod_args, tweak)
+    }
+
+    /// [`Fleet::start`] with pods of any kind.
+    pub fn start_of(
+        kind: PodKind,
+        name: &str,
+        n: usize,
+        pod_args: &[&str],
+        tweak: impl FnOnce(&mut EnvoySettings),
+    ) -> anyhow::Result<Fleet> {
         let dir = run_dir(name);
-        let pods = start_pods(n, pod_args, &dir)?;
+        let pods = start_pods_of(kind, n, pod_args, &dir)?;
         let envoy = start_envoy("envoy", &Self::addrs_of(&pods), true, tweak, &dir)?;
         let fleet = Fleet {
             pods,
@@ -86,19 +97,30 @@ impl Fleet {
         Ok(fleet)
     }
 
-    /// Waits until `envoy`'s filter has made first contact with every pod (when it polls
-    /// at all). First contact starts a pod's generation and re-reads its whole event log, so
+    /// Waits until `envoy`'s filter has heard from every pod (when it polls at all). First
+    /// contact with an events pod starts its generation and re-reads its whole event log, so
     /// a test that starts before it could see those effects land in the middle of its own
-    /// steps; after it, generation changes and stored events come only from what the test does.
+    /// steps; after it, generation changes and stored events come only from what the test
+    /// does. A pod without events has been read through its `/metrics` once.
     pub fn wait_polled(&self, envoy: &Envoy) -> anyhow::Result<()> {
         if !envoy.polls {
             return Ok(());
         }
-        let n = self.pods.len() as f64;
+        let events_pods = self
+            .pods
+            .iter()
+            .filter(|p| p.kind == PodKind::ModelServer)
+            .count() as f64;
         let done = || {
-            self.stat(envoy, "prefix_router_pod_generation_changes") >= n
-                && (0..self.pods.len())
-                    .all(|i| self.stat(envoy, &format!("prefix_router_pod{i}_healthy")) == 1.0)
+            self.stat(envoy, "prefix_router_pod_generation_changes") >= events_pods
+                && self.pods.iter().enumerate().all(|(i, p)| {
+                    let signals = match p.kind {
+                        PodKind::ModelServer => 1.0,
+                        PodKind::LlamaCpp => 2.0,
+                    };
+                    self.stat(envoy, &format!("prefix_router_pod{i}_healthy")) == 1.0
+                        && self.stat(envoy, &format!("prefix_router_pod{i}_signals")) == signals
+                })
         };
         if self.wait(Duration::from_secs(20), done) {
             Ok(())

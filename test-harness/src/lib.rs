@@ -10,7 +10,7 @@
 //! - [`process`]: child processes that are always cleaned up, free ports, readiness polling.
 //! - [`envoy_config`]: the Envoy configuration rendered from `envoy/envoy.yaml.j2`
 //!   (also the `render-envoy-config` binary).
-//! - [`cluster`]: starting pods and Envoys.
+//! - [`cluster`]: starting pods (this project's server, or [`llama`]: llama.cpp's) and Envoys.
 //! - [`fleet`]: a running fleet (pods + Envoy) and the answers sent through it.
 //! - [`prometheus`]: a real Prometheus scraping the fleet.
 //! - [`wire`]: reading answers back (Prometheus text, server-sent events).
@@ -18,6 +18,7 @@
 pub mod cluster;
 pub mod envoy_config;
 pub mod fleet;
+pub mod llama;
 pub mod paths;
 pub mod process;
 pub mod prometheus;

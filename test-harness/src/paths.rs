@@ -41,3 +41,33 @@ pub fn prometheus_bin() -> PathBuf {
 pub fn envoy_template_dir() -> PathBuf {
     repo_root().join("envoy")
 }
+
+/// llama.cpp's `llama-server`: `LLAMA_SERVER_BIN` overrides; otherwise the path
+/// `scripts/build-llama-server.sh` prints (it builds the binary into a cache outside the clone
+/// the first time, and only prints the path after that), asked once per process.
+pub fn llama_server_bin() -> anyhow::Result<PathBuf> {
+    static BIN: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    if let Some(p) = env_path("LLAMA_SERVER_BIN") {
+        return Ok(p);
+    }
+    BIN.get_or_init(|| {
+        let script = repo_root().join("scripts/build-llama-server.sh");
+        let out = std::process::Command::new("bash")
+            .arg(&script)
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .map_err(|e| format!("running {}: {e}", script.display()))?;
+        let path = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        if !out.status.success() || path.is_empty() {
+            return Err(format!("{} failed ({})", script.display(), out.status));
+        }
+        Ok(PathBuf::from(path))
+    })
+    .clone()
+    .map_err(anyhow::Error::msg)
+}
+
+/// The default model's GGUF file (`scripts/setup.sh` installs it).
+pub fn default_gguf() -> PathBuf {
+    model_server::config::default_model_file()
+}

@@ -4,7 +4,7 @@
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
-use test_harness::cluster::{client, start_envoy, start_pod};
+use test_harness::cluster::{client, start_envoy, start_pod, PodKind};
 use test_harness::fleet::{Answer, Fleet, ZERO_COST};
 
 const POLL_MS: u64 = 200;
@@ -186,7 +186,15 @@ fn restarted_pod_loses_its_entries_then_reseeds() {
     f.pods[i].proc.kill();
     let generations = f.stat(&f.envoy, "prefix_router_pod_generation_changes");
     let dir = f.dir.clone();
-    f.pods[i] = start_pod(&first.pod, port, &ZERO_COST, &dir, &client()).unwrap();
+    f.pods[i] = start_pod(
+        PodKind::ModelServer,
+        &first.pod,
+        port,
+        &ZERO_COST,
+        &dir,
+        &client(),
+    )
+    .unwrap();
     assert!(
         f.wait(Duration::from_secs(10), || {
             f.stat(&f.envoy, "prefix_router_pod_generation_changes") > generations
