@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# prefix-router seed demo: 3 model-server pods, Envoy with the prefix-routing filter, and a real
+# prefix-router seed demo: 3 pods, Envoy with the prefix-routing filter, and a real
 # Prometheus, all on 127.0.0.1. Installs what is missing, builds, runs, and stops everything it
 # started on exit, Ctrl-C or failure.
 #
@@ -10,6 +10,11 @@
 # Ports are free ones unless set: POD_PORTS="8001 8002 8003" ENVOY_PORT=10000 ADMIN_PORT=9901
 # PROM_PORT=9090. The pods run the real SmolLM2-135M on CPU (ENGINE=candle, the default; each
 # send takes a few seconds on 2 cores) or the latency simulator (ENGINE=sim, instant).
+#
+# BACKEND=llama-cpp runs the same scenarios against three llama.cpp `llama-server` pods (built
+# once by scripts/setup.sh) serving the same GGUF: they have no cache events, so the filter
+# follows them through /health and /metrics, and the per-pod counter read back from Prometheus
+# is llama.cpp's own llamacpp:prompt_tokens_cached_total.
 # Exits non-zero if what it shows is not what it claims.
 set -euo pipefail
 MODE=${1:-seed}
@@ -17,7 +22,9 @@ case "$MODE" in seed|different|all) ;; *) echo "usage: $0 [seed|different|all]" 
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
-scripts/setup.sh >/dev/null
+BACKEND=${BACKEND:-model-server}
+case "$BACKEND" in model-server|llama-cpp) ;; *) echo "BACKEND must be model-server or llama-cpp" >&2; exit 2 ;; esac
+if [ "$BACKEND" = llama-cpp ]; then scripts/setup.sh >/dev/null; else SETUP_LLAMA_CPP=0 scripts/setup.sh >/dev/null; fi
 echo "building (cached after the first run)..."
 cargo build -q -p model-server -p test-harness --bins
 scripts/build-filter.sh >/dev/null
@@ -49,16 +56,46 @@ case "$ENGINE" in sim|candle) ;; *) echo "ENGINE must be sim or candle" >&2; exi
 echo "run directory (logs, configs): $RUN"
 
 # --- pods -------------------------------------------------------------------------------------
+# What differs between the backends: how a pod starts, how it counts tokens, which Prometheus
+# series holds its prefix-cache reuse, and which label names the pod in that series.
+if [ "$BACKEND" = llama-cpp ]; then
+  LLAMA_SERVER=$(scripts/build-llama-server.sh)
+  GGUF=${PREFIX_ROUTER_DATA:-$ROOT/data}/models/$MODEL/$MODEL.Q4_1.gguf
+  POD_LABEL=instance                               # llama-server sets no pod label: its address
+  HITS='sum by (instance) (llamacpp:prompt_tokens_cached_total)'
+  HITS_TOTAL='sum(llamacpp:prompt_tokens_cached_total)'
+  COMPUTED='sum by (instance) (llamacpp:prompt_tokens_total)'
+else
+  POD_LABEL=pod
+  HITS='sum by (pod) (vllm:prefix_cache_hits_total)'
+  HITS_TOTAL='sum(vllm:prefix_cache_hits_total)'
+fi
+start_pod() { # index address
+  if [ "$BACKEND" = llama-cpp ]; then
+    # one slot and one thread each: three of them share 2 cores
+    "$LLAMA_SERVER" -m "$GGUF" --alias "$MODEL" --host 127.0.0.1 --port "${2##*:}" --metrics \
+      --no-webui --parallel 1 --threads 1 --ctx-size 4096 --cache-ram 256 >"$RUN/pod-$1.log" 2>&1 &
+  else
+    "$ROOT/target/debug/model-server" --listen "$2" --pod-name "pod-$1" --block-size 128 \
+      --engine "$ENGINE" >"$RUN/pod-$1.log" 2>&1 &
+  fi
+  PIDS+=($!)
+}
+count_tokens() { # prompt → its token count, as the pods count them
+  if [ "$BACKEND" = llama-cpp ]; then
+    jq -n --arg p "$1" '{content: $p}' | curl -s "http://${PODS[0]}/tokenize" -H 'content-type: application/json' -d @- | jq '.tokens | length'
+  else
+    jq -n --arg p "$1" '{prompt: $p}' | curl -s "http://${PODS[0]}/tokenize" -H 'content-type: application/json' -d @- | jq .count
+  fi
+}
 PODS=()
 for i in "${!POD_PORTS[@]}"; do
-  addr=127.0.0.1:${POD_PORTS[$i]}
-  PODS+=("$addr")
-  "$ROOT/target/debug/model-server" --listen "$addr" --pod-name "pod-$i" --block-size 128 \
-    --engine "$ENGINE" >"$RUN/pod-$i.log" 2>&1 &
-  PIDS+=($!)
+  PODS+=("127.0.0.1:${POD_PORTS[$i]}")
+  start_pod "$i" "${PODS[$i]}"
 done
 for i in "${!PODS[@]}"; do wait_http "http://${PODS[$i]}/health" "pod-$i"; done
-echo "pods:       $(for i in "${!PODS[@]}"; do printf 'pod-%s=%s ' "$i" "${PODS[$i]}"; done)(engine: $ENGINE)"
+if [ "$BACKEND" = llama-cpp ]; then what="llama.cpp llama-server"; else what="model-server, engine $ENGINE"; fi
+echo "pods:       $(for i in "${!PODS[@]}"; do printf 'pod-%s=%s ' "$i" "${PODS[$i]}"; done)($what)"
 
 # --- Envoy with the filter ----------------------------------------------------------------------
 "$ROOT/target/debug/render-envoy-config" --pods "$(IFS=,; echo "${PODS[*]}")" \
@@ -79,7 +116,7 @@ global:
   evaluation_interval: 1s
 scrape_configs:
 - job_name: pods
-  honor_labels: true        # keep each pod's own pod="pod-N" label
+  honor_labels: true        # keep each pod's own pod="pod-N" label (model-server pods)
   static_configs:
   - targets: [${targets%, }]
 - job_name: envoy
@@ -97,17 +134,16 @@ promql() { curl -s --get "http://127.0.0.1:$PROM_PORT/api/v1/query" --data-urlen
 scalar() { promql "$1" | jq -r '.data.result[0].value[1] // "0"'; }
 series_count() { promql "$1" | jq '.data.result | length'; }
 table() { # promql; prints pod<TAB>value
-  promql "$1" | jq -r '.data.result | sort_by(.metric.pod) | .[] | "  \(.metric.pod)\t\(.value[1])"'
+  promql "$1" | jq -r --arg l "$POD_LABEL" '.data.result | sort_by(.metric[$l]) | .[] | "  \(.metric[$l])\t\(.value[1])"'
 }
 wait_prom() { # promql expected-value: poll until Prometheus has scraped it
   for _ in $(seq 1 150); do [ "$(scalar "$1")" = "$2" ] && return 0; sleep 0.2; done
   fail "Prometheus never showed $1 = $2 (got $(scalar "$1"))"
 }
-HITS='sum by (pod) (vllm:prefix_cache_hits_total)'
 for _ in $(seq 1 150); do [ "$(series_count "$HITS")" = "${#PODS[@]}" ] && break; sleep 0.2; done
 [ "$(series_count "$HITS")" = "${#PODS[@]}" ] || fail "Prometheus did not scrape every pod"
 
-send() { # prompt max_tokens → prints "pod cached latency text"
+send() { # prompt max_tokens → prints "pod cached reason latency text"
   local hdr="$RUN/last-headers" body
   body=$(jq -n --arg m "$MODEL" --arg p "$1" --argjson n "$2" '{model: $m, prompt: $p, max_tokens: $n}')
   local out
@@ -115,7 +151,13 @@ send() { # prompt max_tokens → prints "pod cached latency text"
     -H 'content-type: application/json' -d "$body")
   local latency=${out##*$'\n'} json=${out%$'\n'*}
   local pod reason
-  pod=$(grep -i '^x-inference-pod:' "$hdr" | cut -d' ' -f2 | tr -d '\r')
+  # the pod that answered, as Prometheus labels it: the model server names itself in
+  # x-inference-pod; llama-server does not, so the address the filter sent it to
+  if [ "$BACKEND" = llama-cpp ]; then
+    pod=$(grep -i '^x-prefix-router-pod:' "$hdr" | cut -d' ' -f2 | tr -d '\r')
+  else
+    pod=$(grep -i '^x-inference-pod:' "$hdr" | cut -d' ' -f2 | tr -d '\r')
+  fi
   reason=$(grep -i '^x-prefix-router-reason:' "$hdr" | cut -d' ' -f2 | tr -d '\r')
   jq -r --arg pod "$pod" --arg lat "$latency" --arg reason "$reason" \
     '"\($pod)\t\(.usage.prompt_tokens_details.cached_tokens)\t\($reason)\t\(($lat|tonumber)*1000|floor) ms\t\(.choices[0].text | gsub("\\s+"; " ") | .[0:48])"' <<<"$json"
@@ -126,7 +168,7 @@ seed_scenario() {
   echo "== Step 1: per-pod prefix-cache hits before anything is sent"
   echo "   PromQL: $HITS"
   table "$HITS"
-  [ "$(scalar 'sum(vllm:prefix_cache_hits_total)')" = "0" ] || fail "hits were not all zero at the start"
+  [ "$(scalar "$HITS_TOTAL")" = "0" ] || fail "hits were not all zero at the start"
   echo "   all zero: no pod has cached anything yet."
 
   echo
@@ -134,7 +176,7 @@ seed_scenario() {
   export RUNBOOK_PROMPT="You are the on-call assistant for the payments platform. Before answering, read the incident context carefully. Confirm the affected service, the region, the time the alert fired and the current error rate. Check the deployment history for changes in the last two hours, and compare latency percentiles against the weekly baseline. If a rollback is possible and the change correlates with the incident, recommend it first. Escalate to the database team when replication lag exceeds thirty seconds. Never restart stateful services without a snapshot. Summarise your findings as: impact, probable cause, next action, owner.
 Incident: the checkout API returns HTTP 502 for 12% of requests in eu-west-1 since 09:14 UTC."
   local tokens
-  tokens=$(jq -n --arg p "$RUNBOOK_PROMPT" '{prompt: $p}' | curl -s "http://${PODS[0]}/tokenize" -H 'content-type: application/json' -d @- | jq .count)
+  tokens=$(count_tokens "$RUNBOOK_PROMPT")
   echo "   the prompt is $tokens tokens: $((tokens / 128)) full 128-token block(s) can be cached"
   [ "$tokens" -gt 128 ] || fail "the runbook prompt must be longer than one block"
   printf '   send\tpod\tcached\treason\tlatency\tanswer\n'
@@ -153,15 +195,17 @@ Incident: the checkout API returns HTTP 502 for 12% of requests in eu-west-1 sin
 
   echo
   echo "== Step 3: Prometheus after the sends (waiting for the scrape)"
-  wait_prom 'sum(vllm:prefix_cache_hits_total)' "$expected"
+  wait_prom "$HITS_TOTAL" "$expected"
   echo "   PromQL: $HITS"
   table "$HITS"
   local risen; risen=$(promql "$HITS" | jq '[.data.result[] | select(.value[1] != "0")] | length')
   [ "$risen" = 1 ] || fail "expected exactly one pod with hits, got $risen"
-  [ "$(scalar "sum(vllm:prefix_cache_hits_total{pod=\"$owner\"})")" = "$expected" ] || fail "the hits are not on $owner"
+  [ "$(promql "$HITS" | jq -r --arg l "$POD_LABEL" --arg o "$owner" '.data.result[] | select(.metric[$l] == $o) | .value[1]')" = "$expected" ] \
+    || fail "the hits are not on $owner"
   echo "   $owner's counter rose to $expected tokens; the others are still 0."
   echo "   Send 1 was a miss that seeded $owner's cache; sends 2-6 were routed back to $owner and hit."
 
+  [ "$BACKEND" = llama-cpp ] && { short_llama; return; }
   echo
   echo "== Short prompt (under one block), sent 6 times"
   local short="Is the checkout API healthy right now?" q0 q1 st
@@ -176,14 +220,65 @@ Incident: the checkout API returns HTTP 502 for 12% of requests in eu-west-1 sin
   echo "   $st tokens < 128: nothing to cache, no counter moved."
 }
 
+ticket() { # i → the i-th of the 30 different prompts: longer than one block, different from their first token
+  echo "Ticket #$(($1 * 7919)) from customer $1: our invoices for order batch $1 are missing tax lines. Please review the billing pipeline logs, the tax service configuration, the currency conversion step and the PDF renderer, and explain which component most likely dropped the tax lines, with evidence from each log you checked and a proposed fix. Include the exact log queries you would run, the dashboards you would open, and who should approve the fix. The customer is on the enterprise plan, invoices are generated nightly at 02:00 UTC, and the last successful run with tax lines was three days ago, before the tax service was upgraded."
+}
+
+different_llama() { # the opposite scenario on llama.cpp pods
+  local line pods="" c max=0 c0
+  c0=$(scalar "$HITS_TOTAL")
+  for i in $(seq 1 30); do
+    line=$(send "$(ticket "$i")" 4)
+    pods="$pods $(cut -f1 <<<"$line")"
+    c=$(cut -f2 <<<"$line"); [ "$c" -gt "$max" ] && max=$c
+    [ "$(cut -f3 <<<"$line")" = cold ] || fail "a different prompt was not routed as cold: $line"
+  done
+  echo "   requests per pod (from the filter's x-prefix-router-pod header):"
+  tr ' ' '\n' <<<"$pods" | sed '/^$/d' | sort | uniq -c | awk '{print "  " $2 "\t" $1}'
+  echo "   prompt tokens each server computed (PromQL: $COMPUTED):"
+  local direct # what the servers say now; Prometheus shows it once it has scraped them all
+  direct=$(for p in "${PODS[@]}"; do curl -s "http://$p/metrics"; done |
+    awk '$1 == "llamacpp:prompt_tokens_total" { s += $2 } END { printf "%d", s }')
+  wait_prom 'sum(llamacpp:prompt_tokens_total)' "$direct"
+  table "$COMPUTED"
+  echo "   cached tokens per server (PromQL: $HITS), $c0 before:"
+  table "$HITS"
+  [ "$max" -lt 128 ] || fail "a different prompt reused a whole block ($max cached tokens)"
+  local used; used=$(tr ' ' '\n' <<<"$pods" | sed '/^$/d' | sort -u | wc -l)
+  [ "$used" -gt 1 ] || fail "the 30 prompts all went to one pod"
+  echo "   no block reused (at most $max cached tokens: the shared words 'Ticket #' that llama.cpp"
+  echo "   reuses from its slot); every prompt is cold and rendezvous hashing spread them over $used pods."
+}
+
+short_llama() { # the short-prompt case on llama.cpp pods: routed by load, not by prefix
+  echo
+  echo "== Short prompt (under one block), sent 6 times"
+  local short="Is the checkout API healthy right now?" st line
+  st=$(count_tokens "$short")
+  printf '   send\tpod\tcached\treason\tlatency\tanswer\n'
+  for i in 1 2 3 4 5 6; do
+    line=$(send "$short" 4)
+    printf '   %s\t%s\n' "$i" "$line"
+    [ "$(cut -f3 <<<"$line")" = short-prompt ] || fail "a short prompt was routed for its prefix"
+  done
+  echo "   $st tokens < 128: no full block, so the filter routes it by load (reason short-prompt)."
+  echo "   Unlike vLLM and the project's server, llama.cpp reuses any common prefix its slot still"
+  echo "   holds, not only whole blocks, so a repeat that lands on the same server may report a few"
+  echo "   cached tokens; the router neither seeks nor counts them."
+}
+
 different_scenario() {
   echo
   echo "== Opposite scenario: 30 different prompts across the fleet"
+  local tt; tt=$(count_tokens "$(ticket 1)")
+  [ "$tt" -gt 128 ] || fail "the different prompts must be longer than one block ($tt tokens)"
+  echo "   each prompt is about $tt tokens (a full 128-token block) and differs from the others from its first token"
+  [ "$BACKEND" = llama-cpp ] && { different_llama; return; }
   local h0 r0 REQS='sum by (pod) (vllm:e2e_request_latency_seconds_count)'
   h0=$(scalar 'sum(vllm:prefix_cache_hits_total)')
   r0=$(scalar 'sum(vllm:e2e_request_latency_seconds_count)')
   for i in $(seq 1 30); do
-    send "Ticket #$((i * 7919)) from customer $i: our invoices for order batch $i are missing tax lines. Please review the billing pipeline logs, the tax service configuration, the currency conversion step and the PDF renderer, and explain which component most likely dropped the tax lines, with evidence from each log you checked and a proposed fix. Include the exact log queries you would run, the dashboards you would open, and who should approve the fix." 4 >/dev/null
+    send "$(ticket "$i")" 4 >/dev/null
   done
   wait_prom 'sum(vllm:e2e_request_latency_seconds_count)' "$((r0 + 30))"
   echo "   requests per pod (PromQL: $REQS):"

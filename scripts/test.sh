@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: what CI runs (.ci/run calls exactly this).
 # Installs what is missing (scripts/setup.sh), then: rustfmt check, clippy -D warnings, core
-# builds for wasm32, and every test, including the ones that start real processes.
+# builds for wasm32, every test (including the ones that start real processes), and both demo
+# scripts (scripts/demo.sh all, with the project's pods and with llama.cpp pods).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -28,5 +29,8 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   cargo test --workspace --no-fail-fast || status=$?
 fi
+echo "== the demo scripts, as a user runs them (sim engine for speed; then llama.cpp pods)"
+ENGINE=sim scripts/demo.sh all >target/demo-model-server.log 2>&1 || { status=1; tail -20 target/demo-model-server.log; echo "demo failed (model-server pods)"; }
+BACKEND=llama-cpp scripts/demo.sh all >target/demo-llama-cpp.log 2>&1 || { status=1; tail -20 target/demo-llama-cpp.log; echo "demo failed (llama.cpp pods)"; }
 disk
 exit "$status"

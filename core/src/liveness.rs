@@ -38,6 +38,11 @@ pub enum PodKind {
     Events,
     /// No events endpoint: health from `/health`, load and restarts from `/metrics`.
     Metrics,
+    /// No events endpoint and no model-server load metrics (`llama-server` started without
+    /// `--metrics`, say): health from `/health` only; load unknown (counted as idle, so the
+    /// router's own in-flight count is all that balances it), a restart seen only when the
+    /// pod could not be reached and answers again.
+    Health,
 }
 
 /// One pod's state as last learned by the poller (and by failed responses).
@@ -111,12 +116,13 @@ impl PodState {
 
     /// What the router hears from the pod (the `prefix_router_pod<i>_signals` gauge): 0 before
     /// its first good poll, 1 its cache events (this project's server), 2 its health and
-    /// metrics only (vLLM, SGLang, llama.cpp).
+    /// metrics (vLLM, SGLang, llama.cpp), 3 its health only (no load metrics).
     pub fn signals(&self) -> u64 {
         match (self.last_ok_ns, self.kind) {
             (0, _) | (_, PodKind::Unknown) => 0,
             (_, PodKind::Events) => 1,
             (_, PodKind::Metrics) => 2,
+            (_, PodKind::Health) => 3,
         }
     }
 
@@ -206,13 +212,23 @@ pub fn on_page(st: &mut PodState, page: &EventsPage, now_ns: u64) -> PageEffect 
 /// (without the same start time to prove it is the same process) is a restart: a new
 /// generation.
 pub fn on_metrics(st: &mut PodState, m: &MetricsReport, now_ns: u64) -> PageEffect {
+    followed(st, m, now_ns, PodKind::Metrics)
+}
+
+/// A metrics-less pod's good health check ([`PodKind::Health`]): healthy, load unknown (zero),
+/// a restart only when it answers after it could not be reached.
+pub fn on_health_only(st: &mut PodState, now_ns: u64) -> PageEffect {
+    followed(st, &MetricsReport::default(), now_ns, PodKind::Health)
+}
+
+fn followed(st: &mut PodState, m: &MetricsReport, now_ns: u64, kind: PodKind) -> PageEffect {
     let was_unreachable = st.unreachable;
     let mut fx = answered(st, &m.load, now_ns);
     let epoch = m
         .start_time
         .map(|t| format!("start:{t}"))
         .unwrap_or_default();
-    let known = st.kind == PodKind::Metrics;
+    let known = matches!(st.kind, PodKind::Metrics | PodKind::Health);
     let same_start = !epoch.is_empty() && epoch == st.epoch;
     let new_start = known && !epoch.is_empty() && !st.epoch.is_empty() && epoch != st.epoch;
     let went_back =
@@ -222,7 +238,7 @@ pub fn on_metrics(st: &mut PodState, m: &MetricsReport, now_ns: u64) -> PageEffe
         st.generation = next_generation(st.generation, &epoch, now_ns);
         fx.new_generation = true;
     }
-    st.kind = PodKind::Metrics;
+    st.kind = kind;
     st.epoch = epoch;
     st.counter = m.monotonic;
     fx
@@ -578,6 +594,38 @@ mod tests {
         on_poll_failure(&mut st, 1, false);
         assert!(on_metrics(&mut st, &metrics(0, None, None), 2).recovered);
         assert!(st.healthy);
+    }
+
+    #[test]
+    fn health_only_pods_are_idle_and_restart_only_after_being_unreachable() {
+        let mut st = PodState::default();
+        on_no_events(&mut st);
+        assert_eq!(st.signals(), 0, "nothing heard yet");
+        let fx = on_health_only(&mut st, 1);
+        assert!(!fx.new_generation, "the first answer keeps the records");
+        assert_eq!((st.kind, st.signals()), (PodKind::Health, 3));
+        assert_eq!(
+            st.load(4),
+            PodState::default().load(4),
+            "load unknown: idle"
+        );
+        // timeouts (a busy pod) are no restart
+        on_poll_failure(&mut st, 2, false);
+        on_poll_failure(&mut st, 2, false);
+        assert!(!st.healthy);
+        let fx = on_health_only(&mut st, 2);
+        assert!(fx.recovered && !fx.new_generation);
+        // nobody listening, then an answer: a new process
+        let before = st.generation;
+        on_poll_failure(&mut st, 2, true);
+        let fx = on_health_only(&mut st, 3);
+        assert!(fx.new_generation && st.generation != before);
+        // a pod that gains metrics later (restarted with --metrics) is followed by them
+        on_metrics(&mut st, &metrics(3, None, Some(1.0)), 4);
+        assert_eq!(
+            (st.kind, st.running, st.signals()),
+            (PodKind::Metrics, 3, 2)
+        );
     }
 
     #[test]

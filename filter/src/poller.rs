@@ -43,6 +43,8 @@ pub struct Applied {
     pub new_generation: bool,
     /// The pod came back from down.
     pub recovered: bool,
+    /// The pod has just been found to give no load metrics: followed by its health alone.
+    pub health_only: bool,
     /// Poll again now, from this sequence number: the pod restarted (re-read from 0) or has
     /// more events waiting (a busy pod can produce more than a page per poll period; waiting
     /// a whole period per page would fall behind its bounded history and force a resync).
@@ -117,25 +119,34 @@ pub fn mark_down<S: Store>(store: &S, keys: &Keys, pod: &str, down_after: u32) -
     })
 }
 
-/// Applies a metrics-only pod's good health check and `/metrics` body. `Err` when the body
-/// holds none of the model-server load metrics (it counts as a failed poll).
+/// Applies a metrics-only pod's good health check and its `/metrics` body: `None` when it had
+/// none to give (a non-200 answer, or none of the model-server load metrics in it), and the
+/// pod is then followed by its health alone ([`PodKind::Health`]): a server started without
+/// its metrics is still routed to, not marked down.
 pub fn apply_metrics<S: Store>(
     store: &S,
     keys: &Keys,
     pod: &str,
-    body: &[u8],
+    body: Option<&[u8]>,
     now_ns: u64,
 ) -> Result<Applied, String> {
-    let text = String::from_utf8_lossy(body);
-    let report = read_metrics(&text).ok_or("no model-server load metrics in /metrics")?;
+    let report = body.and_then(|b| read_metrics(&String::from_utf8_lossy(b)));
     let mut fx = PageEffect::default();
+    let mut became_health_only = false;
     update_state(store, keys, pod, |st| {
-        fx = liveness::on_metrics(st, &report, now_ns)
+        fx = match &report {
+            Some(r) => liveness::on_metrics(st, r, now_ns),
+            None => {
+                became_health_only = st.kind != PodKind::Health;
+                liveness::on_health_only(st, now_ns)
+            }
+        }
     })
     .ok_or_else(|| format!("could not update state of {pod}"))?;
     Ok(Applied {
         new_generation: fx.new_generation,
         recovered: fx.recovered,
+        health_only: became_health_only,
         ..Applied::default()
     })
 }
@@ -187,7 +198,7 @@ impl Poller {
                 continue; // the previous poll of this pod is still out
             }
             let ask = match st.kind {
-                PodKind::Metrics => Ask::Health,
+                PodKind::Metrics | PodKind::Health => Ask::Health,
                 PodKind::Unknown | PodKind::Events => Ask::Events(st.seq),
             };
             self.poll(host, router, metrics, i, ask);
@@ -273,7 +284,15 @@ impl Poller {
                 return self.poll(host, router, metrics, i, Ask::Health);
             }
             (Ask::Health, Some("200")) => return self.poll(host, router, metrics, i, Ask::Metrics),
-            (Ask::Metrics, Some("200")) => apply_metrics(host, &router.keys, addr, &body(), now),
+            (Ask::Metrics, Some("200")) => {
+                apply_metrics(host, &router.keys, addr, Some(&body()), now)
+            }
+            // it answered /health a moment ago: no metrics is not a reason to stop routing to it
+            (Ask::Metrics, Some(_))
+                if !liveness::is_unreachable_reply(status.as_deref(), &body()) =>
+            {
+                apply_metrics(host, &router.keys, addr, None, now)
+            }
             (ask, other) => {
                 let body = body();
                 let unreachable = liveness::is_unreachable_reply(other, &body);
@@ -291,6 +310,12 @@ impl Poller {
             Ok(a) => a,
             Err(e) => return self.failed(host, router, metrics, i, &e, false),
         };
+        if a.health_only {
+            host.log(
+                Level::Warn,
+                &format!("prefix-router: pod {addr} serves no model-server load metrics at /metrics (llama-server needs --metrics); following its /health only, load unknown"),
+            );
+        }
         if a.recovered {
             host.log(Level::Info, &format!("prefix-router: pod {addr} is back"));
         }
@@ -431,29 +456,50 @@ mod tests {
         let host = FakeHost::default();
         let keys = Keys::new("ns");
         update_state(&host, &keys, POD, liveness::on_no_events).unwrap();
-        let first = apply_metrics(&host, &keys, POD, &llama_metrics(0), 1).unwrap();
+        let first = apply_metrics(&host, &keys, POD, Some(&llama_metrics(0)), 1).unwrap();
         assert!(
             !first.new_generation,
             "first contact keeps the router's records"
         );
-        let served = apply_metrics(&host, &keys, POD, &llama_metrics(149), 2).unwrap();
+        let served = apply_metrics(&host, &keys, POD, Some(&llama_metrics(149)), 2).unwrap();
         assert!(!served.new_generation);
         // killed: polls find nobody listening
         apply_failure(&host, &keys, POD, 2, true).unwrap();
         apply_failure(&host, &keys, POD, 2, true).unwrap();
         // restarted: its counter starts again from zero
-        let back = apply_metrics(&host, &keys, POD, &llama_metrics(0), 3).unwrap();
+        let back = apply_metrics(&host, &keys, POD, Some(&llama_metrics(0)), 3).unwrap();
         assert!(back.recovered && back.new_generation);
         // killed right after its first request, before a poll saw the counter move: the
         // refused connection alone says the process behind the address is new
         assert!(!mark_down(&host, &keys, POD, 2).unwrap().healthy);
-        let back = apply_metrics(&host, &keys, POD, &llama_metrics(0), 4).unwrap();
+        let back = apply_metrics(&host, &keys, POD, Some(&llama_metrics(0)), 4).unwrap();
         assert!(back.recovered && back.new_generation);
         // a busy pod whose polls time out is the same process when it answers again
         apply_failure(&host, &keys, POD, 2, false).unwrap();
         apply_failure(&host, &keys, POD, 2, false).unwrap();
-        let back = apply_metrics(&host, &keys, POD, &llama_metrics(0), 5).unwrap();
+        let back = apply_metrics(&host, &keys, POD, Some(&llama_metrics(0)), 5).unwrap();
         assert!(back.recovered && !back.new_generation);
+    }
+
+    #[test]
+    fn a_pod_without_load_metrics_is_followed_by_its_health() {
+        let host = FakeHost::default();
+        let keys = Keys::new("ns");
+        update_state(&host, &keys, POD, liveness::on_no_events).unwrap();
+        // llama-server without --metrics answers 501: no body to read
+        let first = apply_metrics(&host, &keys, POD, None, 1).unwrap();
+        assert!(first.health_only, "said once");
+        let st = read_state(&host, &keys, POD).0;
+        assert!(st.healthy);
+        assert_eq!(st.signals(), 3);
+        // a /metrics without any model-server series is the same
+        let again = apply_metrics(&host, &keys, POD, Some(b"process_cpu_seconds_total 3\n"), 2);
+        assert!(!again.unwrap().health_only, "not said again");
+        assert!(read_state(&host, &keys, POD).0.healthy);
+        // restarted with --metrics: followed by them
+        let with = apply_metrics(&host, &keys, POD, Some(&llama_metrics(5)), 3).unwrap();
+        assert!(!with.health_only);
+        assert_eq!(read_state(&host, &keys, POD).0.signals(), 2);
     }
 
     #[test]

@@ -358,12 +358,34 @@ mod tests {
             answer_text(&root, &tick_for(&root, pod), "503", "");
         }
         assert!(!state(&root, pod).healthy);
-        // healthy, but metrics that are not a model server's: still failing
+        // healthy, with metrics that are not a model server's: back, followed by health only
         healthy_with(&root, &tick_for(&root, pod), "# not a model server\nup 1\n");
-        assert!(!state(&root, pod).healthy, "no load metrics: still failing");
-        healthy_with(&root, &tick_for(&root, pod), &vllm_metrics(0, 200.0));
-        assert!(state(&root, pod).healthy, "back");
+        assert!(state(&root, pod).healthy, "its health says it is up");
+        assert_eq!(state(&root, pod).kind, PodKind::Health);
         assert_eq!(root.host.logged("is back"), 1);
+        assert_eq!(root.host.logged("serves no model-server load metrics"), 1);
+        // /metrics not served at all (llama-server without --metrics answers 501): the same
+        let health = tick_for(&root, pod);
+        answer_text(&root, &health, "200", "");
+        let m = root.host.take_calls().remove(0);
+        answer_text(
+            &root,
+            &m,
+            "501",
+            r#"{"error":{"message":"This server does not support metrics endpoint."}}"#,
+        );
+        assert!(state(&root, pod).healthy);
+        assert_eq!(
+            root.host.metric("prefix_router_polls_failed"),
+            2,
+            "only the two 503s"
+        );
+        // metrics again: followed by them
+        healthy_with(&root, &tick_for(&root, pod), &vllm_metrics(2, 200.0));
+        assert_eq!(
+            (state(&root, pod).kind, state(&root, pod).running),
+            (PodKind::Metrics, 2)
+        );
     }
 
     #[test]
