@@ -18,6 +18,7 @@
 //! - [`policy`]: **the routing decision** — a pod and a [`policy::Reason`], from the block
 //!   owners and the pods' loads.
 //! - [`table`]: the ownership table's layout in Envoy shared data (bounded, 2-way buckets).
+//! - [`membership`]: which pods are in the fleet right now, each at a stable slot.
 //! - [`liveness`]: what a router believes about a pod (health, load, cache generation) and
 //!   the rules that change it.
 //! - [`protocol`]: **the wire types** — the cache-events page the pods serve and the filter
@@ -28,6 +29,7 @@ pub mod block;
 pub mod error;
 pub mod fast_bpe;
 pub mod liveness;
+pub mod membership;
 pub mod model;
 pub mod policy;
 pub mod protocol;

@@ -249,6 +249,16 @@ pub fn on_no_events(st: &mut PodState) {
     st.kind = PodKind::Metrics;
 }
 
+/// The pod left the fleet (it is no longer a member of the pods cluster): whatever the router
+/// recorded for it stops counting (a new generation), and if its address joins again it is
+/// met as a stranger.
+pub fn on_left(st: &mut PodState) {
+    *st = PodState {
+        generation: next_generation(st.generation, "left", 0),
+        ..PodState::default()
+    };
+}
+
 /// A poll that failed (no answer, non-200, a body that is not a page); `unreachable`: no
 /// connection could be made ([`is_unreachable_reply`]). Returns whether the pod went down
 /// with it.

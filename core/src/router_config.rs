@@ -2,6 +2,7 @@
 //! a bad value is reported by its path (`pods[2]`, `weights.prefix`).
 
 use crate::block::BlockSize;
+use crate::membership::MAX_MEMBERS;
 use crate::policy::{Policy, Weights};
 use crate::protocol::defaults;
 use serde::Deserialize;
@@ -47,9 +48,13 @@ impl AsRef<str> for PodAddr {
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RouterConfig {
-    /// Model-server pods as `ip:port` (1–1024).
+    /// Model-server pods as `ip:port` (1–1024). With `discovery`, only the members until
+    /// Envoy's first answer (may be empty).
     #[serde(default)]
     pub pods: Vec<PodAddr>,
+    /// Follow the members of an Envoy cluster (STATIC, STRICT_DNS, EDS) instead of `pods`.
+    #[serde(default)]
+    pub discovery: Option<Discovery>,
     /// Prefix-cache block size in tokens; must equal the servers' `--block-size`.
     #[serde(default)]
     pub block_size: BlockSize,
@@ -82,6 +87,26 @@ pub struct RouterConfig {
     /// balancer may pick another pod).
     #[serde(default = "default_cluster")]
     pub cluster: String,
+}
+
+/// Where the pods come from when they are not a fixed list: the members of an Envoy cluster,
+/// read from Envoy's own admin (`prefix_core::protocol::envoy_clusters`) on every poll.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Discovery {
+    /// The cluster whose members are the pods: the one requests are routed to.
+    #[serde(default = "default_pods_cluster")]
+    pub cluster: String,
+    /// A cluster that reaches Envoy's admin interface (`127.0.0.1:<admin port>`).
+    #[serde(default = "default_admin_cluster")]
+    pub admin_cluster: String,
+}
+
+fn default_pods_cluster() -> String {
+    "pods".to_owned()
+}
+fn default_admin_cluster() -> String {
+    "envoy_admin".to_owned()
 }
 
 /// Default of `poll_interval_ms`.
@@ -138,11 +163,28 @@ impl RouterConfig {
 
     /// The checks serde's types cannot express.
     fn validate(&self) -> Result<(), ConfigError> {
-        if self.pods.is_empty() {
-            return Err(err("pods", "at least one pod (ip:port) is required"));
+        if self.pods.is_empty() && self.discovery.is_none() {
+            return Err(err(
+                "pods",
+                "at least one pod (ip:port) is required (or `discovery`)",
+            ));
         }
-        if self.pods.len() > 1024 {
-            return Err(err("pods", "at most 1024 pods"));
+        if self.pods.len() > MAX_MEMBERS {
+            return Err(err("pods", format!("at most {MAX_MEMBERS} pods")));
+        }
+        if let Some(d) = &self.discovery {
+            if d.cluster.is_empty() {
+                return Err(err("discovery.cluster", "must not be empty"));
+            }
+            if d.admin_cluster.is_empty() {
+                return Err(err("discovery.admin_cluster", "must not be empty"));
+            }
+            if self.poll_interval_ms == 0 {
+                return Err(err(
+                    "discovery",
+                    "members are read on every poll: poll_interval_ms must not be 0",
+                ));
+            }
         }
         if self.block_size.get() > 65_536 {
             return Err(err("block_size", "must be between 1 and 65536"));
@@ -210,6 +252,13 @@ mod tests {
         assert_eq!(c.policy, Policy::LeastLoaded);
         assert_eq!(c.weights.prefix, 3.0);
         assert_eq!(c.weights.inflight, 1.0);
+        let c = RouterConfig::parse(br#"{"discovery":{}}"#).unwrap();
+        let d = c.discovery.unwrap();
+        assert_eq!(
+            (d.cluster.as_str(), d.admin_cluster.as_str()),
+            ("pods", "envoy_admin")
+        );
+        assert!(c.pods.is_empty(), "no pods until Envoy answers");
     }
 
     #[test]
@@ -257,6 +306,9 @@ mod tests {
                 "down_after_failures",
             ),
             (r#"{"pods":["127.0.0.1:1"],"cluster":""}"#, "cluster"),
+            (r#"{"discovery":{"cluster":""}}"#, "discovery.cluster"),
+            (r#"{"discovery":{"admin":"x"}}"#, "discovery.admin"),
+            (r#"{"discovery":{},"poll_interval_ms":0}"#, "discovery"),
         ] {
             let e = RouterConfig::parse(json.as_bytes()).unwrap_err();
             assert_eq!(e.field, field, "{json}: {e}");

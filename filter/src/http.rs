@@ -4,11 +4,12 @@
 //! adds the debug headers, and at the end releases the request's in-flight slot.
 
 use crate::host::{EnvoyHost, Headers, Host, Level};
+use crate::members::Placement;
 use crate::metrics::Metrics;
 use crate::poller::mark_down;
 use crate::router::Router;
 use prefix_core::liveness::is_connect_failure;
-use prefix_core::policy::{Decision, Reason};
+use prefix_core::policy::Reason;
 use prefix_core::protocol::headers::{self, debug};
 use prefix_core::request::Endpoint;
 use prefix_core::ApiError;
@@ -22,7 +23,8 @@ pub struct RouterHttp<H: Host> {
     metrics: Option<Rc<Metrics<H>>>,
     /// Set for an inference request (POST to a completions path) until it is decided.
     endpoint: Option<Endpoint>,
-    pub decision: Option<Decision>,
+    /// The decision, with the members it was made among.
+    pub placed: Option<Placement>,
     prefix_hash: Option<String>,
     /// this request holds an in-flight slot on the chosen pod
     counted: bool,
@@ -36,7 +38,7 @@ impl<H: Host> RouterHttp<H> {
             router,
             metrics,
             endpoint: None,
-            decision: None,
+            placed: None,
             prefix_hash: None,
             counted: false,
             done: false,
@@ -46,18 +48,16 @@ impl<H: Host> RouterHttp<H> {
     /// Writes the chosen pod, then its fallbacks: `ip:port,ip:port,…`. Envoy's override-host
     /// balancer takes them in order, one per try, and only ever connects to members of the
     /// pods cluster.
-    fn set_destination(&mut self, router: &Router, decision: Decision) {
-        let mut value = router.pod(decision.pod).to_owned();
-        for f in decision.fallbacks.iter() {
-            value.push(',');
-            value.push_str(router.pod(f));
-        }
-        self.host
-            .set_header(Headers::Request, headers::DESTINATION, Some(&value));
+    fn set_destination(&mut self, placed: Placement) {
+        self.host.set_header(
+            Headers::Request,
+            headers::DESTINATION,
+            Some(&placed.destination()),
+        );
         if let Some(m) = &self.metrics {
-            m.decision(decision.reason);
+            m.decision(placed.decision.reason);
         }
-        self.decision = Some(decision);
+        self.placed = Some(placed);
     }
 
     fn reject(&mut self, e: &ApiError) -> Action {
@@ -90,7 +90,9 @@ impl<H: Host> RouterHttp<H> {
         let body = self.host.request_body(body_size).unwrap_or_default();
         let started = self.host.now_nanos();
         match router.route(&*self.host, endpoint, &body) {
-            Ok(routed) => {
+            // no members at all: nothing to choose from; Envoy balances it (or answers 503)
+            Ok(None) => Action::Continue,
+            Ok(Some(routed)) => {
                 if let Some(m) = &self.metrics {
                     let t = &routed.table;
                     m.table(t.filled, t.replaced, t.conflicts);
@@ -99,7 +101,7 @@ impl<H: Host> RouterHttp<H> {
                 }
                 self.prefix_hash = routed.prefix_hash.map(|h| h.to_hex());
                 self.counted = routed.counted;
-                self.set_destination(&router, routed.decision);
+                self.set_destination(routed.placed);
                 Action::Continue
             }
             Err(e) => self.reject(&e),
@@ -118,8 +120,9 @@ impl<H: Host> RouterHttp<H> {
         let (path, method) = (header(":path"), header(":method"));
         self.endpoint = Endpoint::from_path(&path).filter(|_| method == "POST");
         if self.endpoint.is_none() {
-            let d = router.plain(&*self.host, Reason::Passthrough);
-            self.set_destination(&router, d);
+            if let Some(placed) = router.plain(&*self.host, Reason::Passthrough) {
+                self.set_destination(placed);
+            }
             return Action::Continue;
         }
         let declared = self
@@ -163,16 +166,17 @@ impl<H: Host> RouterHttp<H> {
     }
 
     pub fn response_headers(&mut self) -> Action {
-        let (Some(router), Some(d)) = (self.router.clone(), self.decision) else {
+        let (Some(router), Some(placed)) = (self.router.clone(), self.placed.as_ref()) else {
             return Action::Continue;
         };
+        let d = placed.decision;
         let host = &*self.host;
         let status = host
             .header(Headers::Response, ":status")
             .unwrap_or_default();
         let from_pod = host.header(Headers::Response, headers::POD).is_some();
         if is_connect_failure(&status, from_pod) {
-            let addr = router.pod(d.pod);
+            let addr = placed.pod();
             let down_after = router.config.down_after_failures;
             if mark_down(host, &router.keys, addr, down_after).is_some() {
                 host.log(
@@ -183,7 +187,7 @@ impl<H: Host> RouterHttp<H> {
         }
         if router.config.debug_headers {
             let set = |name, value: &str| host.set_header(Headers::Response, name, Some(value));
-            set(debug::POD, router.pod(d.pod));
+            set(debug::POD, placed.pod());
             set(debug::REASON, d.reason.as_str());
             set(
                 debug::MATCHED_BLOCKS,
@@ -200,13 +204,13 @@ impl<H: Host> RouterHttp<H> {
     /// retry on a fallback, count it and note the failure of the chosen pod (the poller
     /// confirms or clears that on its next round).
     pub fn log(&mut self) {
-        let (Some(router), Some(d)) = (self.router.clone(), self.decision) else {
+        let (Some(router), Some(placed)) = (self.router.clone(), self.placed.as_ref()) else {
             return;
         };
         if std::mem::take(&mut self.counted) {
-            router.release(&*self.host, d.pod);
+            router.release(&*self.host, placed);
         }
-        let chosen = router.pod(d.pod);
+        let chosen = placed.pod();
         let served = self.host.upstream_address();
         if served.is_some_and(|s| s != chosen) && self.endpoint.is_some() {
             if let Some(m) = &self.metrics {
@@ -263,7 +267,7 @@ mod tests {
     fn setup(extra: &str) -> (Rc<FakeHost>, Rc<Router>, Rc<Metrics<FakeHost>>) {
         let host = Rc::new(FakeHost::default());
         let router = Rc::new(testing::router(extra));
-        let metrics = Rc::new(Metrics::define(Rc::clone(&host), router.pods()));
+        let metrics = Rc::new(Metrics::define(Rc::clone(&host)));
         (host, router, metrics)
     }
 
@@ -325,13 +329,14 @@ mod tests {
         );
         let (first, last) = s.body(r#"{"prompt":"abcdefghijklmnop"}"#);
         assert_eq!((first, last), (Action::Pause, Action::Continue));
-        let d = s.ctx.decision.unwrap();
+        let placed = s.ctx.placed.clone().unwrap();
+        let d = placed.decision;
         assert_eq!(d.reason, Reason::Cold);
         // the chosen pod, then the other two as ranked fallbacks
         let dest = s.destination().unwrap();
         let named: Vec<&str> = dest.split(',').collect();
-        let mut expect = vec![s.router.pod(d.pod)];
-        expect.extend(d.fallbacks.iter().map(|i| s.router.pod(i)));
+        let mut expect = vec![placed.pod()];
+        expect.extend(placed.fallbacks());
         assert_eq!(named, expect);
         assert_eq!(named.len(), 3, "{dest}");
         assert_eq!(f.0.metric("prefix_router_decisions_cold"), 1);
@@ -351,7 +356,11 @@ mod tests {
         again.ctx.request_headers(false);
         again.body(r#"{"prompt":"abcdefghijklmnop"}"#);
         assert_eq!(
-            again.ctx.decision.map(|d| (d.pod, d.reason)),
+            again
+                .ctx
+                .placed
+                .as_ref()
+                .map(|p| (p.decision.pod, p.decision.reason)),
             Some((d.pod, Reason::PrefixHit { blocks: 4 }))
         );
         assert_eq!(f.0.metric("prefix_router_matched_blocks"), 4);
@@ -374,7 +383,10 @@ mod tests {
                 ],
             );
             assert_eq!(s.ctx.request_headers(false), Action::Continue, "{path}");
-            assert_eq!(s.ctx.decision.unwrap().reason, Reason::Passthrough);
+            assert_eq!(
+                s.ctx.placed.as_ref().unwrap().decision.reason,
+                Reason::Passthrough
+            );
             let dest = s.destination().unwrap();
             assert!(dest.starts_with("127.0.0.1:800"), "{dest}");
             assert_eq!(
@@ -423,7 +435,7 @@ mod tests {
             assert_eq!(sent.status, status, "{body}");
             let v: serde_json::Value = serde_json::from_slice(&sent.body).unwrap();
             assert!(v["error"]["message"].is_string(), "{v}");
-            assert!(s.ctx.decision.is_none());
+            assert!(s.ctx.placed.is_none());
             assert_eq!(s.inflight(), [0, 0, 0]);
         }
         assert_eq!(f.0.metric("prefix_router_rejected"), 4);
@@ -435,7 +447,7 @@ mod tests {
         let mut s = stream(&f, &POST);
         s.ctx.request_headers(false);
         s.body(r#"{"prompt":"abcdefgh"}"#);
-        let pod = s.router.pod(s.ctx.decision.unwrap().pod).to_owned();
+        let pod = s.ctx.placed.as_ref().unwrap().pod().to_owned();
         s.respond("503", true); // the pod itself answered 503: it is alive
         assert!(read_state(&*f.0, &s.router.keys, &pod).0.healthy);
         s.respond("503", false); // Envoy answered: the pod refused or reset
@@ -445,7 +457,7 @@ mod tests {
         let mut next = stream(&f, &POST);
         next.ctx.request_headers(false);
         next.body(r#"{"prompt":"abcdefgh"}"#);
-        assert_ne!(next.router.pod(next.ctx.decision.unwrap().pod), pod);
+        assert_ne!(next.ctx.placed.as_ref().unwrap().pod(), pod);
     }
 
     #[test]
@@ -454,9 +466,9 @@ mod tests {
         let mut s = stream(&f, &POST);
         s.ctx.request_headers(false);
         s.body(r#"{"prompt":"abcdefgh"}"#);
-        let d = s.ctx.decision.unwrap();
-        let (chosen, fallback) = (s.router.pod(d.pod).to_owned(), d.fallbacks.iter().next());
-        let fallback = s.router.pod(fallback.unwrap()).to_owned();
+        let placed = s.ctx.placed.clone().unwrap();
+        let chosen = placed.pod().to_owned();
+        let fallback = placed.fallbacks().next().unwrap().to_owned();
         // the chosen pod answered: nothing to note
         *f.0.upstream.borrow_mut() = Some(chosen.clone());
         s.respond("200", true);
@@ -466,7 +478,11 @@ mod tests {
         let mut s = stream(&f, &POST);
         s.ctx.request_headers(false);
         s.body(r#"{"prompt":"abcdefgh"}"#);
-        assert_eq!(s.ctx.decision.unwrap().pod, d.pod, "still the owner");
+        assert_eq!(
+            s.ctx.placed.as_ref().unwrap().pod(),
+            chosen,
+            "still the owner"
+        );
         *f.0.upstream.borrow_mut() = Some(fallback);
         s.respond("200", true);
         s.ctx.log();
@@ -517,7 +533,7 @@ mod tests {
         *f.0.body.borrow_mut() = br#"{"prompt":"abcdefgh"}"#.to_vec();
         assert_eq!(s.ctx.request_body(21, false), Action::Pause);
         assert_eq!(s.ctx.request_trailers(), Action::Continue);
-        assert_eq!(s.ctx.decision.unwrap().reason, Reason::Cold);
+        assert_eq!(s.ctx.placed.as_ref().unwrap().decision.reason, Reason::Cold);
         // headers-only POST: decided on the (empty) body, the server's own 400
         let mut s = stream(&f, &POST);
         assert_eq!(s.ctx.request_headers(true), Action::Pause);

@@ -19,9 +19,12 @@
 //! - [`http`]: the HTTP context (one per stream): scrub, buffer, route, debug headers,
 //!   release.
 //! - [`router`]: body → prompt → block hashes → fleet view → decision → table record.
+//! - [`members`]: the fleet's current members (configured, or followed from Envoy's
+//!   cluster), and a decision placed on them.
 //! - [`ownership`]: the ownership table's reads and writes in shared data.
 //! - [`pods`]: pod states, in-flight counts and the poller lease in shared data.
-//! - [`poller`]: polling pods for cache events and load, and applying the answers.
+//! - [`poller`]: polling Envoy for the pods cluster's members and each pod for health, load
+//!   and cache events, and applying the answers.
 //! - [`metrics`]: the filter's Envoy stats.
 //! - [`host`]: every host call, behind traits, with a fake for tests.
 //!
@@ -30,6 +33,7 @@
 
 pub mod host;
 pub mod http;
+pub mod members;
 pub mod metrics;
 pub mod ownership;
 pub mod pods;

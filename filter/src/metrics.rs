@@ -1,12 +1,17 @@
 //! The filter's metrics, defined through the host so they appear in Envoy's
-//! `/stats/prometheus`. Per-pod series are named by the pod's position in the configured
-//! `pods` list (`prefix_router_pod0_healthy`, …), since wasm metrics carry no labels.
+//! `/stats/prometheus`. Per-pod series are named by the pod's member slot
+//! (`prefix_router_pod0_healthy`, …; a configured list's slots are its order), since wasm
+//! metrics carry no labels; they are defined as slots first appear (at most
+//! `MAX_MEMBERS`), and a slot with no member reads 0.
 //! Decision counters are named from [`ReasonKind`], like the debug header.
 
 use crate::host::{Host, MetricKind};
+use crate::members::Members;
+use crate::pods::Inflight;
 use crate::poller::Applied;
 use prefix_core::liveness::PodState;
 use prefix_core::policy::{Reason, ReasonKind};
+use std::cell::RefCell;
 use std::rc::Rc;
 use strum::IntoEnumIterator;
 
@@ -37,7 +42,10 @@ pub struct Metrics<H: Host> {
     events_removed: Id,
     generations: Id,
     polls_failed: Id,
-    pods: Vec<PodIds>,
+    members: Id,
+    membership_changes: Id,
+    /// per slot, defined as slots first appear
+    pods: RefCell<Vec<PodIds>>,
 }
 
 /// The decision counter's name for a reason.
@@ -47,7 +55,7 @@ pub fn decision_metric(kind: ReasonKind) -> String {
 
 impl<H: Host> Metrics<H> {
     /// Defines every metric (idempotent per VM). A metric that cannot be defined is skipped.
-    pub fn define(host: Rc<H>, pods: usize) -> Self {
+    pub fn define(host: Rc<H>) -> Self {
         use MetricKind::{Counter, Gauge, Histogram};
         let def = |kind, name: &str| Id(host.define_metric(kind, name));
         Metrics {
@@ -66,16 +74,42 @@ impl<H: Host> Metrics<H> {
             events_removed: def(Counter, "prefix_router_events_blocks_removed"),
             generations: def(Counter, "prefix_router_pod_generation_changes"),
             polls_failed: def(Counter, "prefix_router_polls_failed"),
-            pods: (0..pods)
-                .map(|i| PodIds {
-                    healthy: def(Gauge, &format!("prefix_router_pod{i}_healthy")),
-                    inflight: def(Gauge, &format!("prefix_router_pod{i}_inflight")),
-                    event_lag_ms: def(Gauge, &format!("prefix_router_pod{i}_event_lag_ms")),
-                    signals: def(Gauge, &format!("prefix_router_pod{i}_signals")),
-                })
-                .collect(),
+            members: def(Gauge, "prefix_router_members"),
+            membership_changes: def(Counter, "prefix_router_membership_changes"),
+            pods: RefCell::default(),
             host,
         }
+    }
+
+    /// Defines the gauges of slots `0..n` now (the configured pods: visible from the start).
+    pub fn define_slots(&self, n: usize) {
+        if let Some(last) = n.checked_sub(1) {
+            self.pod_ids(last);
+        }
+    }
+
+    /// Slot `i`'s gauges, defined on first use.
+    fn pod_ids(&self, i: usize) -> Option<PodIds> {
+        use MetricKind::Gauge;
+        let mut pods = self.pods.borrow_mut();
+        if i >= prefix_core::membership::MAX_MEMBERS {
+            return None;
+        }
+        while pods.len() <= i {
+            let n = pods.len();
+            let def = |name: &str| {
+                Id(self
+                    .host
+                    .define_metric(Gauge, &format!("prefix_router_pod{n}_{name}")))
+            };
+            pods.push(PodIds {
+                healthy: def("healthy"),
+                inflight: def("inflight"),
+                event_lag_ms: def("event_lag_ms"),
+                signals: def("signals"),
+            });
+        }
+        pods.get(i).copied()
     }
 
     /// Adds `by` (zero increments are skipped: each is a host call, and most requests change
@@ -138,14 +172,30 @@ impl<H: Host> Metrics<H> {
         self.inc(self.polls_failed, 1);
     }
 
-    /// Pod `i`'s gauges: health, this router's requests in flight to it, time since its last
-    /// good poll, and what the router hears from it ([`PodState::signals`]).
-    pub fn pod(&self, i: usize, st: &PodState, inflight: u32, now_ns: u64) {
-        if let Some(p) = self.pods.get(i) {
-            self.set(p.healthy, u64::from(st.healthy));
-            self.set(p.inflight, u64::from(inflight));
-            self.set(p.event_lag_ms, st.lag_ms(now_ns));
-            self.set(p.signals, st.signals());
+    /// Every slot's gauges: health, this router's requests in flight to it, time since its
+    /// last good poll, and what the router hears from it ([`PodState::signals`]); zeros for a
+    /// slot no member holds. And the number of members.
+    pub fn members(&self, m: &Members, states: &[PodState], inflight: &Inflight, now_ns: u64) {
+        self.set(self.members, m.len() as u64);
+        let mut held = vec![None; m.width()];
+        for (i, st) in states.iter().enumerate() {
+            if let Some(h) = m.slot(i).and_then(|s| held.get_mut(s)) {
+                *h = Some(st);
+            }
         }
+        let defined = self.pods.borrow().len();
+        for slot in 0..defined.max(m.width()) {
+            let Some(p) = self.pod_ids(slot) else { break };
+            let st = held.get(slot).copied().flatten();
+            self.set(p.healthy, st.map_or(0, |s| u64::from(s.healthy)));
+            self.set(p.inflight, st.map_or(0, |_| u64::from(inflight.of(slot))));
+            self.set(p.event_lag_ms, st.map_or(0, |s| s.lag_ms(now_ns)));
+            self.set(p.signals, st.map_or(0, PodState::signals));
+        }
+    }
+
+    /// The poller stored a new member list.
+    pub fn membership_changed(&self) {
+        self.inc(self.membership_changes, 1);
     }
 }

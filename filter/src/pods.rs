@@ -25,17 +25,29 @@ impl Keys {
     pub fn states_version(&self) -> String {
         format!("{}/pod-states-version", self.ns)
     }
-    /// Every pod's in-flight count, packed in one value (a u32 per pod, in `pods` order), so a
-    /// request reads the whole fleet's load with one host call. The key names the pod list:
-    /// plugins with other lists never read each other's counts.
-    pub fn inflight(&self, pods: &[PodAddr]) -> String {
-        let names: Vec<&str> = pods.iter().map(PodAddr::as_str).collect();
-        let list = xxhash_rust::xxh3::xxh3_64(names.join(",").as_bytes());
-        format!("{}/inflight/{list:016x}", self.ns)
+    /// Every pod's in-flight count, packed in one value (a u32 per member slot), so a request
+    /// reads the whole fleet's load with one host call. Named by the fleet ([`fleet_id`]):
+    /// plugins with other pods never read each other's counts.
+    pub fn inflight(&self, fleet: u64) -> String {
+        format!("{}/inflight/{fleet:016x}", self.ns)
+    }
+    /// The fleet's member slots (`prefix_core::membership::Slots`).
+    pub fn members(&self, fleet: u64) -> String {
+        format!("{}/members/{fleet:016x}", self.ns)
     }
     pub fn lease(&self) -> String {
         format!("{}/poller", self.ns)
     }
+}
+
+/// Names where a fleet's pods come from: the configured list, or the Envoy cluster followed.
+pub fn fleet_id(pods: &[PodAddr], discovery_cluster: Option<&str>) -> u64 {
+    let mut names: Vec<&str> = pods.iter().map(PodAddr::as_str).collect();
+    if let Some(c) = discovery_cluster {
+        names.push("discovery:");
+        names.push(c);
+    }
+    xxhash_rust::xxh3::xxh3_64(names.join(",").as_bytes())
 }
 
 /// A stored state value (default: healthy, generation 0, when unreadable).
@@ -84,10 +96,12 @@ pub struct Inflight {
 }
 
 impl Inflight {
-    /// Reads the packed counts of `pods` pods (zeros for a missing or short value).
-    pub fn read<H: Store>(host: &H, key: &str, pods: usize) -> Inflight {
+    /// Reads the packed counts: at least `width` of them (zeros for a missing or short value),
+    /// and every count the stored value holds beyond that, so a worker whose view of the
+    /// members is older (narrower) never truncates the counts of newer members when it writes.
+    pub fn read<H: Store>(host: &H, key: &str, width: usize) -> Inflight {
         let (v, cas) = host.shared_get(key).unwrap_or_default();
-        let counts = (0..pods)
+        let counts = (0..width.max(v.len() / 4))
             .map(|i| {
                 v.get(i * 4..i * 4 + 4)
                     .and_then(|b| b.try_into().ok())
@@ -189,7 +203,7 @@ mod tests {
     #[test]
     fn inflight_counts_and_floors_at_zero() {
         let h = FakeHost::default();
-        let key = Keys::new("ns").inflight(&pods(&["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"]));
+        let key = Keys::new("ns").inflight(1);
         let add = |pod, delta| Inflight::read(&h, &key, 3).add(&h, &key, pod, delta);
         assert_eq!(add(1, 1), Some(1));
         assert_eq!(add(1, 1), Some(2));
@@ -203,7 +217,7 @@ mod tests {
     #[test]
     fn inflight_update_survives_a_lost_race() {
         let h = FakeHost::default();
-        let key = Keys::new("ns").inflight(&pods(&["127.0.0.1:1", "127.0.0.1:2"]));
+        let key = Keys::new("ns").inflight(1);
         Inflight::read(&h, &key, 2).add(&h, &key, 0, 0).unwrap(); // the key exists
         let stale = Inflight::read(&h, &key, 2);
         // another worker counts a request on pod 0 after our read
@@ -219,7 +233,7 @@ mod tests {
     #[test]
     fn created_counts_are_never_reset() {
         let h = FakeHost::default();
-        let key = Keys::new("ns").inflight(&pods(&["127.0.0.1:1", "127.0.0.1:2"]));
+        let key = Keys::new("ns").inflight(1);
         Inflight::create(&h, &key, 2);
         let zero = Inflight::read(&h, &key, 2);
         assert_eq!(
@@ -232,11 +246,23 @@ mod tests {
     }
 
     #[test]
-    fn inflight_keys_name_the_pod_list() {
-        let k = Keys::new("ns");
+    fn a_narrower_view_keeps_the_wider_counts() {
+        let h = FakeHost::default();
+        let key = Keys::new("ns").inflight(1);
+        Inflight::create(&h, &key, 2);
+        Inflight::read(&h, &key, 3).add(&h, &key, 2, 1).unwrap(); // a member joined in slot 2
+        Inflight::read(&h, &key, 2).add(&h, &key, 0, 1).unwrap(); // a worker that knows 2 slots
+        assert_eq!(Inflight::read(&h, &key, 2).counts, vec![1, 0, 1]);
+    }
+
+    #[test]
+    fn fleets_are_named_by_their_pods_or_cluster() {
         let a = pods(&["127.0.0.1:1"]);
-        assert_ne!(k.inflight(&a), k.inflight(&pods(&["127.0.0.1:2"])));
-        assert_eq!(k.inflight(&a), k.inflight(&a));
+        let id = fleet_id(&a, None);
+        assert_ne!(id, fleet_id(&pods(&["127.0.0.1:2"]), None));
+        assert_eq!(id, fleet_id(&a, None));
+        assert_ne!(id, fleet_id(&a, Some("pods")));
+        assert_ne!(fleet_id(&[], Some("pods")), fleet_id(&[], Some("other")));
     }
 
     #[test]

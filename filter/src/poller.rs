@@ -13,13 +13,19 @@
 //!   `GET /health` and then `GET /metrics` ([`apply_metrics`]): health, load, restarts.
 //! - Failures ([`apply_failure`], [`mark_down`]): failed polls count towards
 //!   `down_after_failures`; a refused connection on the request path marks the pod down now.
+//! - Membership ([`apply_members`], with `discovery`): each tick also asks Envoy's admin for
+//!   the pods cluster's members (`GET /clusters?format=json`); a pod that joins takes a free
+//!   slot and is routed to at once, a pod that leaves loses its slot and its ownership.
 
-use crate::host::{Host, Level, Store};
+use crate::host::{Host, Level, SetOutcome, Store};
+use crate::members::{read_slots, write_slots};
 use crate::metrics::Metrics;
 use crate::ownership::OwnershipTable;
 use crate::pods::{try_lease, update_state, Keys, PodState};
 use crate::router::Router;
 use prefix_core::liveness::{self, PageEffect, PodKind};
+use prefix_core::membership::Change;
+use prefix_core::protocol::envoy_clusters::members_of;
 use prefix_core::protocol::pod_metrics::read_metrics;
 use prefix_core::protocol::{headers, CacheEvent, EventsPage, EVENTS_PATH};
 use prefix_core::table::TableLayout;
@@ -30,6 +36,10 @@ use std::time::Duration;
 /// Pages of cache events a pod may be polled for right away, per tick, beyond the tick's own
 /// poll: enough to drain the server's whole bounded history (8 × 512 events) in one period.
 pub const CATCH_UP_PAGES: u32 = 8;
+
+/// Largest admin answer read for the members (a pretty-printed host status is about 1 KB:
+/// this holds well over the 1024 members a router follows, with other clusters beside).
+pub const MAX_CLUSTERS_BODY: usize = 8 << 20;
 
 /// What one poll changed.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -151,6 +161,41 @@ pub fn apply_metrics<S: Store>(
     })
 }
 
+/// Applies the pods cluster's current members (Envoy's `/clusters?format=json` answer): a
+/// new slot assignment, written with compare-and-swap; pods that left get a new generation
+/// (their table entries stop counting, and if they come back they are met afresh). `Ok` with
+/// an empty change when nothing changed.
+pub fn apply_members<S: Store>(
+    store: &S,
+    router: &Router,
+    cluster: &str,
+    body: &[u8],
+) -> Result<Change, String> {
+    let current = members_of(body, cluster)?;
+    for _ in 0..4 {
+        let (stored, cas) = read_slots(store, &router.members_key);
+        let change = stored
+            .unwrap_or_else(|| router.slots(store))
+            .update(&current);
+        if change.is_empty() && cas.is_some() {
+            return Ok(change);
+        }
+        match write_slots(store, &router.members_key, &change.slots, cas) {
+            SetOutcome::Written => {
+                for addr in &change.left {
+                    update_state(store, &router.keys, addr, liveness::on_left);
+                }
+                // the members changed: every worker re-reads them with the states
+                store.shared_set(&router.keys.states_version(), b"v", None);
+                return Ok(change);
+            }
+            SetOutcome::CasMismatch => continue,
+            SetOutcome::Failed => break,
+        }
+    }
+    Err("could not store the members".to_owned())
+}
+
 /// What a poll asked a pod.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Ask {
@@ -171,14 +216,23 @@ impl Ask {
     }
 }
 
-/// Poll scheduling for one VM: which polls are out, and how many catch-up pages each pod
-/// had this tick.
+/// A call that is out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Out {
+    /// a poll of the pod at this address
+    Pod(String, Ask),
+    /// Envoy's admin, for the members
+    Members,
+}
+
+/// Poll scheduling for one VM: which calls are out, and how many catch-up pages each pod had
+/// this tick.
 #[derive(Default)]
 pub struct Poller {
-    /// poll call token → pod index and what was asked
-    out: RefCell<HashMap<u32, (usize, Ask)>>,
-    /// per pod: pages fetched at once since the last tick
-    catch_up: RefCell<Vec<u32>>,
+    /// call token → what was asked of whom
+    out: RefCell<HashMap<u32, Out>>,
+    /// per pod address: pages fetched at once since the last tick
+    catch_up: RefCell<HashMap<String, u32>>,
 }
 
 impl Poller {
@@ -190,24 +244,104 @@ impl Poller {
         if !try_lease(host, &router.keys, vm_id, now, ttl) {
             return; // another VM is the poller
         }
+        if let Some(d) = &router.config.discovery {
+            self.ask_members(host, router, &d.admin_cluster);
+        }
         let fleet = router.fleet(host);
-        *self.catch_up.borrow_mut() = vec![0; fleet.states.len()];
+        self.catch_up.borrow_mut().clear();
+        metrics.members(&fleet.members, &fleet.states, &fleet.inflight, now);
         for (i, st) in fleet.states.iter().enumerate() {
-            metrics.pod(i, st, fleet.inflight.of(i), now);
-            if self.out.borrow().values().any(|&(p, _)| p == i) {
+            let addr = fleet.members.addr(i);
+            let out = |o: &Out| matches!(o, Out::Pod(a, _) if a == addr);
+            if self.out.borrow().values().any(out) {
                 continue; // the previous poll of this pod is still out
             }
             let ask = match st.kind {
                 PodKind::Metrics | PodKind::Health => Ask::Health,
                 PodKind::Unknown | PodKind::Events => Ask::Events(st.seq),
             };
-            self.poll(host, router, metrics, i, ask);
+            self.poll(host, router, metrics, addr, ask);
         }
     }
 
-    /// Sends `ask` to pod `i`.
-    fn poll<H: Host>(&self, host: &H, router: &Router, metrics: &Metrics<H>, i: usize, ask: Ask) {
-        let addr = router.pod(i);
+    /// Asks Envoy's admin for the members (unless the last ask is still out).
+    fn ask_members<H: Host>(&self, host: &H, router: &Router, admin_cluster: &str) {
+        if self.out.borrow().values().any(|o| *o == Out::Members) {
+            return;
+        }
+        let request = [
+            (":method", "GET"),
+            (":path", "/clusters?format=json"),
+            (":authority", "envoy-admin"),
+        ];
+        let timeout = Duration::from_millis(router.config.poll_interval_ms.max(100));
+        match host.dispatch_http_call(admin_cluster, &request, timeout) {
+            Ok(token) => {
+                self.out.borrow_mut().insert(token, Out::Members);
+            }
+            Err(e) => host.log(
+                Level::Warn,
+                &format!("prefix-router: cannot ask Envoy's admin for the members through cluster '{admin_cluster}': {e}"),
+            ),
+        }
+    }
+
+    /// Envoy's answer about the members.
+    fn on_members<H: Host>(
+        &self,
+        host: &H,
+        router: &Router,
+        metrics: &Metrics<H>,
+        body_size: usize,
+    ) {
+        let Some(d) = &router.config.discovery else {
+            return;
+        };
+        let status = host.http_call_status();
+        let result = if status.as_deref() != Some("200") {
+            Err(format!(
+                "answered status {}",
+                status.as_deref().unwrap_or("none (no answer)")
+            ))
+        } else if body_size > MAX_CLUSTERS_BODY {
+            Err(format!(
+                "answer of {body_size} bytes is over {MAX_CLUSTERS_BODY}"
+            ))
+        } else {
+            let body = host.http_call_body(body_size).unwrap_or_default();
+            apply_members(host, router, &d.cluster, &body)
+        };
+        match result {
+            Ok(c) if c.is_empty() => {}
+            Ok(c) => {
+                metrics.membership_changed();
+                host.log(
+                    Level::Info,
+                    &format!(
+                        "prefix-router: members of cluster '{}' changed: joined {:?}, left {:?}{}",
+                        d.cluster,
+                        c.joined,
+                        c.left,
+                        if c.dropped > 0 {
+                            format!(", {} over the limit left out", c.dropped)
+                        } else {
+                            String::new()
+                        }
+                    ),
+                );
+            }
+            Err(e) => {
+                metrics.poll_failed();
+                host.log(
+                    Level::Warn,
+                    &format!("prefix-router: members of cluster '{}' unknown, keeping the last ones: Envoy admin {e}", d.cluster),
+                );
+            }
+        }
+    }
+
+    /// Sends `ask` to the pod at `addr`.
+    fn poll<H: Host>(&self, host: &H, router: &Router, metrics: &Metrics<H>, addr: &str, ask: Ask) {
         let timeout = Duration::from_millis(router.config.poll_interval_ms.max(100));
         let path = ask.path();
         let request = [
@@ -218,7 +352,9 @@ impl Poller {
         ];
         match host.dispatch_http_call(&router.config.cluster, &request, timeout) {
             Ok(token) => {
-                self.out.borrow_mut().insert(token, (i, ask));
+                self.out
+                    .borrow_mut()
+                    .insert(token, Out::Pod(addr.to_owned(), ask));
             }
             Err(e) => {
                 host.log(
@@ -228,7 +364,7 @@ impl Poller {
                         router.config.cluster
                     ),
                 );
-                self.failed(host, router, metrics, i, &e, false);
+                self.failed(host, router, metrics, addr, &e, false);
             }
         }
     }
@@ -238,12 +374,11 @@ impl Poller {
         host: &H,
         router: &Router,
         metrics: &Metrics<H>,
-        i: usize,
+        addr: &str,
         why: &str,
         unreachable: bool,
     ) {
         metrics.poll_failed();
-        let addr = router.pod(i);
         let down_after = router.config.down_after_failures;
         if let Some((_, true)) = apply_failure(host, &router.keys, addr, down_after, unreachable) {
             host.log(
@@ -263,10 +398,17 @@ impl Poller {
         token: u32,
         body_size: usize,
     ) {
-        let Some((i, ask)) = self.out.borrow_mut().remove(&token) else {
+        let Some(out) = self.out.borrow_mut().remove(&token) else {
             return;
         };
-        let addr = router.pod(i);
+        let (addr, ask) = match out {
+            Out::Members => return self.on_members(host, router, metrics, body_size),
+            Out::Pod(addr, ask) => (addr, ask),
+        };
+        let addr = addr.as_str();
+        if router.fleet(host).members.index_of(addr).is_none() {
+            return; // it left while the poll was out: nothing to learn about a non-member
+        }
         let status = host.http_call_status();
         let body = || host.http_call_body(body_size).unwrap_or_default();
         let now = host.now_nanos();
@@ -281,9 +423,11 @@ impl Poller {
                     Level::Info,
                     &format!("prefix-router: pod {addr} has no {EVENTS_PATH}; following its /health and /metrics"),
                 );
-                return self.poll(host, router, metrics, i, Ask::Health);
+                return self.poll(host, router, metrics, addr, Ask::Health);
             }
-            (Ask::Health, Some("200")) => return self.poll(host, router, metrics, i, Ask::Metrics),
+            (Ask::Health, Some("200")) => {
+                return self.poll(host, router, metrics, addr, Ask::Metrics)
+            }
             (Ask::Metrics, Some("200")) => {
                 apply_metrics(host, &router.keys, addr, Some(&body()), now)
             }
@@ -303,12 +447,12 @@ impl Poller {
                     ask.path(),
                     other.unwrap_or("none (no answer)")
                 );
-                return self.failed(host, router, metrics, i, &why, unreachable);
+                return self.failed(host, router, metrics, addr, &why, unreachable);
             }
         };
         let a = match applied {
             Ok(a) => a,
-            Err(e) => return self.failed(host, router, metrics, i, &e, false),
+            Err(e) => return self.failed(host, router, metrics, addr, &e, false),
         };
         if a.health_only {
             host.log(
@@ -330,10 +474,11 @@ impl Poller {
             return;
         };
         let mut catch_up = self.catch_up.borrow_mut();
-        if let Some(n) = catch_up.get_mut(i).filter(|n| **n < CATCH_UP_PAGES) {
+        let n = catch_up.entry(addr.to_owned()).or_default();
+        if *n < CATCH_UP_PAGES {
             *n += 1;
             drop(catch_up);
-            self.poll(host, router, metrics, i, Ask::Events(since));
+            self.poll(host, router, metrics, addr, Ask::Events(since));
         }
     }
 }

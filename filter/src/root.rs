@@ -57,8 +57,12 @@ impl<H: Host> RouterRoot<H> {
         host.log(
             Level::Info,
             &format!(
-                "prefix-router: configured {} pods, policy {:?}, block size {}, model '{}', table {} entries, poll every {} ms; tokenizer {} in {took_ms} ms",
+                "prefix-router: configured {} pods{}, policy {:?}, block size {}, model '{}', table {} entries, poll every {} ms; tokenizer {} in {took_ms} ms",
                 config.pods.len(),
+                config.discovery.as_ref().map_or(String::new(), |d| format!(
+                    " (then the members of cluster '{}', from Envoy's admin through '{}')",
+                    d.cluster, d.admin_cluster
+                )),
                 config.policy,
                 config.block_size.get(),
                 config.model_name,
@@ -70,9 +74,11 @@ impl<H: Host> RouterRoot<H> {
         if config.poll_interval_ms > 0 {
             host.set_tick_period(Duration::from_millis(config.poll_interval_ms));
         }
-        self.metrics = Some(Rc::new(Metrics::define(Rc::clone(host), config.pods.len())));
+        let metrics = Metrics::define(Rc::clone(host));
+        metrics.define_slots(config.pods.len());
+        self.metrics = Some(Rc::new(metrics));
         let router = Router::new(config, bundle.ok(), self.vm_id);
-        Inflight::create(&**host, &router.inflight_key, router.pods());
+        Inflight::create(&**host, &router.inflight_key, router.config.pods.len());
         self.router = Some(Rc::new(router));
         true
     }
@@ -388,6 +394,133 @@ mod tests {
         );
     }
 
+    /// Envoy's `/clusters?format=json` with these members of `pods` (and another cluster).
+    fn clusters(members: &[&str]) -> serde_json::Value {
+        let host = |a: &&str| {
+            let (ip, port) = a.rsplit_once(':').unwrap();
+            json!({"address": {"socket_address": {"address": ip, "port_value": port.parse::<u16>().unwrap()}},
+                   "health_status": {"eds_health_status": "HEALTHY"}})
+        };
+        json!({"cluster_statuses": [
+            {"name": "pod_polls", "host_statuses": [host(&"10.9.9.9:1")]},
+            {"name": "pods", "host_statuses": members.iter().map(host).collect::<Vec<_>>()},
+        ]})
+    }
+
+    /// Routes a completion through a new stream; the destination header written.
+    fn route_one(root: &RouterRoot<FakeHost>, prompt: &str) -> Option<String> {
+        root.host
+            .new_stream(&[(":method", "POST"), (":path", "/v1/completions")]);
+        let mut ctx = root.http_context();
+        ctx.request_headers(false);
+        let body = json!({ "prompt": prompt }).to_string();
+        *root.host.body.borrow_mut() = body.clone().into_bytes();
+        ctx.request_body(body.len(), true);
+        ctx.log();
+        root.host
+            .header(crate::host::Headers::Request, headers::DESTINATION)
+    }
+
+    #[test]
+    fn members_follow_the_envoy_cluster() {
+        let host = Rc::new(FakeHost::default());
+        *host.config.borrow_mut() = br#"{"discovery":{},"poll_interval_ms":100}"#.to_vec();
+        let mut root = RouterRoot::new(Rc::clone(&host), 7);
+        assert!(root.configure());
+        // no members yet: requests pass with no destination (Envoy balances them)
+        assert_eq!(route_one(&root, "hello there, pods"), None);
+        // the tick asks Envoy's admin; the answer makes two pods members
+        root.tick();
+        let calls = host.take_calls();
+        assert_eq!(calls.len(), 1, "no pods to poll yet");
+        let admin = &calls[0];
+        assert_eq!(
+            (admin.cluster.as_str(), admin.header(":path")),
+            ("envoy_admin", Some("/clusters?format=json"))
+        );
+        answer(
+            &root,
+            admin,
+            "200",
+            &clusters(&["127.0.0.1:8002", "127.0.0.1:8001"]),
+        );
+        assert_eq!(host.metric("prefix_router_membership_changes"), 1);
+        assert_eq!(
+            host.logged("joined [\"127.0.0.1:8001\", \"127.0.0.1:8002\"]"),
+            1,
+            "{:?}",
+            host.logs.borrow()
+        );
+        let dest = route_one(&root, "hello there, pods").unwrap();
+        assert!(
+            dest.split(',')
+                .all(|a| a == "127.0.0.1:8001" || a == "127.0.0.1:8002"),
+            "{dest}"
+        );
+        // the next tick polls both pods and asks again; 8001 leaves, 8003 joins
+        root.tick();
+        let calls = host.take_calls();
+        assert_eq!(calls.len(), 3);
+        let gen_before = state(&root, "127.0.0.1:8001").generation;
+        let admin = calls.iter().find(|c| c.cluster == "envoy_admin").unwrap();
+        answer(
+            &root,
+            admin,
+            "200",
+            &clusters(&["127.0.0.1:8002", "127.0.0.1:8003"]),
+        );
+        let left = state(&root, "127.0.0.1:8001");
+        assert_ne!(left.generation, gen_before, "its ownership is dropped");
+        // the polls of that tick come back; the one of the pod that left is ignored
+        for c in calls.iter().filter(|c| c.cluster != "envoy_admin") {
+            answer(&root, c, "200", &page(1, false));
+        }
+        assert_eq!(state(&root, "127.0.0.1:8001"), left);
+        assert_eq!(state(&root, "127.0.0.1:8002").seq, 1);
+        for _ in 0..6 {
+            let dest = route_one(&root, "another prompt that is long enough").unwrap();
+            assert!(!dest.contains("127.0.0.1:8001"), "{dest}");
+        }
+        // 8003 took the free slot 0; slot 1 is still 8002
+        root.tick();
+        let calls = host.take_calls();
+        let polled: Vec<&str> = calls
+            .iter()
+            .filter_map(|c| c.header(headers::DESTINATION))
+            .collect();
+        assert_eq!(polled, ["127.0.0.1:8003", "127.0.0.1:8002"]);
+        assert_eq!(host.metric("prefix_router_members"), 2);
+        let admin = calls.iter().find(|c| c.cluster == "envoy_admin").unwrap();
+        answer(
+            &root,
+            admin,
+            "200",
+            &clusters(&["127.0.0.1:8003", "127.0.0.1:8002"]),
+        );
+        assert_eq!(
+            host.metric("prefix_router_membership_changes"),
+            2,
+            "unchanged"
+        );
+        // Envoy's admin failing, or naming no such cluster: the last members stay
+        let admin_fails = |root: &RouterRoot<FakeHost>, status: &str, body: serde_json::Value| {
+            root.tick();
+            let calls = root.host.take_calls();
+            let admin = calls.iter().find(|c| c.cluster == "envoy_admin");
+            // the previous ask was answered above, so a new one goes out
+            answer(root, admin.unwrap(), status, &body);
+        };
+        admin_fails(&root, "503", json!({}));
+        admin_fails(
+            &root,
+            "200",
+            json!({"cluster_statuses": [{"name": "other"}]}),
+        );
+        assert_eq!(host.logged("keeping the last ones"), 2);
+        assert!(route_one(&root, "still routed").is_some());
+        assert_eq!(host.metric("prefix_router_members"), 2);
+    }
+
     #[test]
     fn only_the_lease_holder_polls() {
         let a = configured("");
@@ -410,7 +543,7 @@ mod tests {
             ctx.request_headers(true),
             proxy_wasm::types::Action::Continue
         );
-        assert!(ctx.decision.is_some());
+        assert!(ctx.placed.is_some());
         assert_eq!(root.host.metric("prefix_router_decisions_passthrough"), 1);
     }
 }

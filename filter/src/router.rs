@@ -4,15 +4,16 @@
 //! in `prefix-core`, and is unit-tested against a fake host.
 
 use crate::host::Store;
+use crate::members::{read_slots, Members, Placement};
 use crate::ownership::{OwnershipTable, RecordStats};
-use crate::pods::{parse_state, Inflight, Keys, PodState};
+use crate::pods::{fleet_id, parse_state, Inflight, Keys, PodState};
+use prefix_core::membership::Slots;
 use prefix_core::policy::{decide, Decision, Inputs, PodLoad, Policy, Reason};
 use prefix_core::request::{parse_request, Endpoint};
 use prefix_core::router_config::RouterConfig;
 use prefix_core::table::{Entry, TableLayout};
 use prefix_core::{ApiError, BlockHash, ModelBundle};
 use std::cell::{Cell, RefCell};
-use std::collections::HashMap;
 use std::rc::Rc;
 
 /// With polling off (`poll_interval_ms: 0`), how long a pod that refused a connection is
@@ -26,33 +27,43 @@ pub struct Router {
     pub bundle: Option<ModelBundle>,
     pub layout: TableLayout,
     pub keys: Keys,
-    /// Table entries name pods by address; this maps them back to positions in `pods`.
-    pod_index: HashMap<String, usize>,
-    /// Per pod: its state key (built once).
-    state_keys: Vec<String>,
-    /// The key every pod-state write bumps.
+    /// The key every pod-state (and membership) write bumps.
     states_version_key: String,
-    /// The fleet's packed in-flight counts.
+    /// The fleet's packed in-flight counts, one per member slot.
     pub inflight_key: String,
-    /// Every pod's state as last read, under the CAS token of the states-version key at that
-    /// read. States change only when the poller or a failed response writes them (and bump
-    /// the version), so most requests read one key instead of one per pod.
-    states: RefCell<Option<(u32, Rc<Vec<PodState>>)>>,
+    /// The fleet's member slots ([`crate::members`]).
+    pub members_key: String,
+    /// The members before anything was stored: the configured `pods`.
+    configured: Slots,
+    /// The members and every member's state as last read, under the CAS token of the
+    /// states-version key at that read. Both change only when the poller or a failed
+    /// response writes them (and bump the version), so most requests read one key instead
+    /// of one per pod.
+    states: RefCell<Option<SeenStates>>,
     counter: Cell<u64>,
     rng: Cell<u64>,
 }
 
-/// What one request knows about the pods: their states, loads, and the in-flight counts read.
+/// The members and their states as read under one states-version CAS token.
+struct SeenStates {
+    version: u32,
+    members: Rc<Members>,
+    states: Rc<Vec<PodState>>,
+}
+
+/// What one request knows about the pods: who they are, their states, loads, and the
+/// in-flight counts read (all indexed by member position, except the counts: by slot).
 pub struct Fleet {
+    pub members: Rc<Members>,
     pub states: Rc<Vec<PodState>>,
     pub loads: Vec<PodLoad>,
     pub inflight: Inflight,
 }
 
 /// The outcome for one inference request.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Routed {
-    pub decision: Decision,
+    pub placed: Placement,
     pub table: RecordStats,
     /// Hash of the prompt's last full block (it names the whole hashed prefix); `None` for
     /// prompts shorter than a block or when the filter failed open.
@@ -75,15 +86,15 @@ impl Router {
         );
         let layout = TableLayout::new(&format!("{namespace}/table"), config.table_capacity);
         let keys = Keys::new(&namespace);
+        let fleet = fleet_id(
+            &config.pods,
+            config.discovery.as_ref().map(|d| d.cluster.as_str()),
+        );
         Router {
-            pod_index: config
-                .pod_addrs()
-                .enumerate()
-                .map(|(i, p)| (p.to_owned(), i))
-                .collect(),
-            state_keys: config.pod_addrs().map(|p| keys.state(p)).collect(),
             states_version_key: keys.states_version(),
-            inflight_key: keys.inflight(&config.pods),
+            inflight_key: keys.inflight(fleet),
+            members_key: keys.members(fleet),
+            configured: Slots::from_list(&config.pods),
             states: RefCell::new(None),
             keys,
             config,
@@ -94,14 +105,11 @@ impl Router {
         }
     }
 
-    /// The address of pod `i`.
-    pub fn pod(&self, i: usize) -> &str {
-        self.config.pods.get(i).map(|p| p.as_str()).unwrap_or("")
-    }
-
-    /// Number of configured pods.
-    pub fn pods(&self) -> usize {
-        self.config.pods.len()
+    /// The member slots as stored, or the configured pods before anything was stored.
+    pub fn slots<S: Store>(&self, store: &S) -> Slots {
+        read_slots(store, &self.members_key)
+            .0
+            .unwrap_or_else(|| self.configured.clone())
     }
 
     fn next_counter(&self) -> u64 {
@@ -126,21 +134,29 @@ impl Router {
             .shared_get(&self.states_version_key)
             .and_then(|(_, cas)| cas);
         let mut cached = self.states.borrow_mut();
-        let states = match (version, cached.as_ref()) {
-            (Some(v), Some((seen, states))) if *seen == v => Rc::clone(states),
+        let (members, states) = match (version, cached.as_ref()) {
+            (Some(v), Some(seen)) if seen.version == v => {
+                (Rc::clone(&seen.members), Rc::clone(&seen.states))
+            }
             _ => {
+                let members = Rc::new(Members::new(&self.slots(store), &self.keys));
                 let states: Rc<Vec<PodState>> = Rc::new(
-                    self.state_keys
+                    members
+                        .state_keys()
                         .iter()
                         .map(|k| store.shared_get(k).map(|(v, _)| parse_state(&v)))
                         .map(Option::unwrap_or_default)
                         .collect(),
                 );
-                *cached = version.map(|v| (v, Rc::clone(&states)));
-                states
+                *cached = version.map(|version| SeenStates {
+                    version,
+                    members: Rc::clone(&members),
+                    states: Rc::clone(&states),
+                });
+                (members, states)
             }
         };
-        let inflight = Inflight::read(store, &self.inflight_key, states.len());
+        let inflight = Inflight::read(store, &self.inflight_key, members.width());
         // without polling, a pod that refused a connection is tried again after a while
         let retry = (self.config.poll_interval_ms == 0).then_some(RETRY_REFUSED_NS);
         let now = if retry.is_some() {
@@ -153,10 +169,11 @@ impl Router {
             .enumerate()
             .map(|(i, st)| PodLoad {
                 healthy: st.usable(now, retry),
-                ..st.load(inflight.of(i))
+                ..st.load(members.slot(i).map_or(0, |s| inflight.of(s)))
             })
             .collect();
         Fleet {
+            members,
             states,
             loads,
             inflight,
@@ -166,7 +183,7 @@ impl Router {
     /// The pod an entry names, if it is configured here and the entry is of the pod's current
     /// cache generation (older entries are dead).
     fn live_owner(&self, fleet: &Fleet, e: &Entry) -> Option<usize> {
-        let i = *self.pod_index.get(&e.pod)?;
+        let i = fleet.members.index_of(&e.pod)?;
         (fleet.states.get(i)?.generation == e.generation).then_some(i)
     }
 
@@ -180,7 +197,7 @@ impl Router {
         let input = Inputs {
             policy,
             weights: &self.config.weights,
-            pods: &self.config.pods,
+            pods: fleet.members.addrs(),
             loads: &fleet.loads,
             hashes,
             counter: self.next_counter(),
@@ -195,32 +212,36 @@ impl Router {
 
     /// Plain balancing (least loaded among healthy pods, rotating among equals), e.g. for
     /// `/v1/models` or when the router cannot read the prompt.
-    pub fn plain<S: Store>(&self, store: &S, reason: Reason) -> Decision {
+    /// `None` when there are no members at all (Envoy then balances on its own).
+    pub fn plain<S: Store>(&self, store: &S, reason: Reason) -> Option<Placement> {
         let fleet = self.fleet(store);
         let table = OwnershipTable::new(store, &self.layout);
-        let d = self.choose(&table, Policy::LeastLoaded, &[], &fleet);
-        match d {
-            Some(d) => Decision { reason, ..d },
-            None => Decision::new(0, reason),
-        }
+        let d = self.choose(&table, Policy::LeastLoaded, &[], &fleet)?;
+        Some(Placement {
+            decision: Decision { reason, ..d },
+            members: fleet.members,
+        })
     }
 
     /// Routes an inference request body (already bounded by `max_body_bytes`). `Err` is a
     /// client error to answer with (4xx), exactly as the server would; the router's own
-    /// failures never surface here, they fall back.
+    /// failures never surface here, they fall back. `Ok(None)`: no members at all (Envoy
+    /// balances the request on its own).
     pub fn route<S: Store>(
         &self,
         store: &S,
         endpoint: Endpoint,
         body: &[u8],
-    ) -> Result<Routed, ApiError> {
+    ) -> Result<Option<Routed>, ApiError> {
         let req = parse_request(endpoint, body)?;
-        let fallback = |this: &Self| Routed {
-            decision: this.plain(store, Reason::Fallback),
-            table: RecordStats::default(),
-            prefix_hash: None,
-            counted: false,
-            prepare_us: 0,
+        let fallback = |this: &Self| {
+            this.plain(store, Reason::Fallback).map(|placed| Routed {
+                placed,
+                table: RecordStats::default(),
+                prefix_hash: None,
+                counted: false,
+                prepare_us: 0,
+            })
         };
         let Some(bundle) = &self.bundle else {
             return Ok(fallback(self));
@@ -236,29 +257,35 @@ impl Router {
             return Ok(fallback(self));
         };
         let generation = fleet.states.get(decision.pod).map_or(0, |s| s.generation);
-        let table = owners.record(&prompt.hashes, self.pod(decision.pod), generation);
-        // the in-flight read above is usually still current: one write, no second read
-        let counted = fleet
-            .inflight
-            .add(store, &self.inflight_key, decision.pod, 1)
-            .is_some();
-        Ok(Routed {
+        let placed = Placement {
             decision,
+            members: Rc::clone(&fleet.members),
+        };
+        let table = owners.record(&prompt.hashes, placed.pod(), generation);
+        // the in-flight read above is usually still current: one write, no second read
+        let counted = placed
+            .slot()
+            .and_then(|s| fleet.inflight.add(store, &self.inflight_key, s, 1))
+            .is_some();
+        Ok(Some(Routed {
+            placed,
             table,
             prefix_hash: prompt.hashes.last().copied(),
             counted,
             prepare_us,
-        })
+        }))
     }
 
-    /// The request's stream ended: release its in-flight slot on `pod`.
-    pub fn release<S: Store>(&self, store: &S, pod: usize) {
-        Inflight::read(store, &self.inflight_key, self.pods()).add(
-            store,
-            &self.inflight_key,
-            pod,
-            -1,
-        );
+    /// The request's stream ended: release its in-flight count on the chosen pod's slot.
+    pub fn release<S: Store>(&self, store: &S, placed: &Placement) {
+        if let Some(slot) = placed.slot() {
+            Inflight::read(store, &self.inflight_key, placed.members.width()).add(
+                store,
+                &self.inflight_key,
+                slot,
+                -1,
+            );
+        }
     }
 }
 
@@ -266,7 +293,7 @@ impl Router {
 mod tests {
     use super::*;
     use crate::host::fake::FakeHost;
-    use crate::testing::tiny_bundle;
+    use crate::testing::{tiny_bundle, PODS};
 
     fn router(bundle: Option<ModelBundle>) -> Router {
         Router::new(crate::testing::config(""), bundle, 0)
@@ -275,8 +302,14 @@ mod tests {
     /// The request finished: release its in-flight slot, as the filter does in `on_log`.
     fn done(r: &Router, host: &FakeHost, routed: &Routed) {
         if routed.counted {
-            r.release(host, routed.decision.pod);
+            r.release(host, &routed.placed);
         }
+    }
+
+    /// Routes a request that has members to go to.
+    fn route(r: &Router, host: &impl Store, body: &[u8]) -> Result<Routed, ApiError> {
+        r.route(host, Endpoint::Completions, body)
+            .map(|routed| routed.expect("there are members"))
     }
 
     fn body(prompt: &str) -> Vec<u8> {
@@ -292,7 +325,7 @@ mod tests {
         let states = r.fleet(&host).states;
         assert!(states.iter().all(|s| s.healthy && s.generation == 0));
         for round in 1..=3u64 {
-            crate::pods::update_state(&host, &r.keys, r.pod(1), |s| {
+            crate::pods::update_state(&host, &r.keys, PODS[1], |s| {
                 s.generation = round;
                 s.waiting = round as u32;
             })
@@ -311,7 +344,7 @@ mod tests {
     fn a_request_reads_the_fleet_in_two_host_calls() {
         let host = crate::host::fake::Counting::default();
         let r = router(None);
-        crate::poller::mark_down(&host, &r.keys, r.pod(2), 1).unwrap();
+        crate::poller::mark_down(&host, &r.keys, PODS[2], 1).unwrap();
         let first = r.fleet(&host);
         assert!(!first.states[2].healthy);
         host.gets.set(0);
@@ -330,28 +363,25 @@ mod tests {
     fn cold_then_hits_on_same_pod() {
         let host = FakeHost::default();
         let r = router(Some(tiny_bundle(4)));
-        let first = r
-            .route(&host, Endpoint::Completions, &body("abcdefghij"))
-            .unwrap();
-        assert_eq!(first.decision.reason, Reason::Cold);
+        let first = route(&r, &host, &body("abcdefghij")).unwrap();
+        assert_eq!(first.placed.decision.reason, Reason::Cold);
         assert_eq!(first.table.written, 2);
         assert!(first.prefix_hash.is_some());
         done(&r, &host, &first);
         for _ in 0..5 {
-            let again = r
-                .route(&host, Endpoint::Completions, &body("abcdefghij"))
-                .unwrap();
+            let again = route(&r, &host, &body("abcdefghij")).unwrap();
             done(&r, &host, &again);
-            assert_eq!(again.decision.pod, first.decision.pod);
-            assert_eq!(again.decision.reason, Reason::PrefixHit { blocks: 2 });
+            assert_eq!(again.placed.decision.pod, first.placed.decision.pod);
+            assert_eq!(
+                again.placed.decision.reason,
+                Reason::PrefixHit { blocks: 2 }
+            );
         }
         // shares only the first block
-        let partial = r
-            .route(&host, Endpoint::Completions, &body("abcdXXXXzz"))
-            .unwrap();
+        let partial = route(&r, &host, &body("abcdXXXXzz")).unwrap();
         assert_eq!(
-            (partial.decision.pod, partial.decision.reason),
-            (first.decision.pod, Reason::PrefixHit { blocks: 1 })
+            (partial.placed.decision.pod, partial.placed.decision.reason),
+            (first.placed.decision.pod, Reason::PrefixHit { blocks: 1 })
         );
     }
 
@@ -361,11 +391,11 @@ mod tests {
         let r = router(Some(tiny_bundle(4)));
         let mut counts = [0usize; 3];
         for _ in 0..6 {
-            let d = r.route(&host, Endpoint::Completions, &body("abc")).unwrap();
-            assert_eq!(d.decision.reason, Reason::ShortPrompt);
+            let d = route(&r, &host, &body("abc")).unwrap();
+            assert_eq!(d.placed.decision.reason, Reason::ShortPrompt);
             assert!(d.counted);
             assert_eq!(d.table.written, 0, "short prompts record nothing");
-            counts[d.decision.pod] += 1;
+            counts[d.placed.decision.pod] += 1;
         }
         // nothing ever finished, so in-flight load spreads them evenly
         assert_eq!(counts, [2, 2, 2]);
@@ -375,19 +405,15 @@ mod tests {
     fn dead_and_restarted_pods() {
         let host = FakeHost::default();
         let r = router(Some(tiny_bundle(4)));
-        let routed = r
-            .route(&host, Endpoint::Completions, &body("abcdefgh"))
-            .unwrap();
+        let routed = route(&r, &host, &body("abcdefgh")).unwrap();
         done(&r, &host, &routed);
-        let first = routed.decision;
-        let owner = r.pod(first.pod).to_owned();
+        let first = routed.placed.decision;
+        let owner = routed.placed.pod().to_owned();
         // the owner goes down: the repeat is cold elsewhere
         crate::poller::mark_down(&host, &r.keys, &owner, 2).unwrap();
-        let routed = r
-            .route(&host, Endpoint::Completions, &body("abcdefgh"))
-            .unwrap();
+        let routed = route(&r, &host, &body("abcdefgh")).unwrap();
         done(&r, &host, &routed);
-        let d = routed.decision;
+        let d = routed.placed.decision;
         assert_ne!(d.pod, first.pod);
         assert_eq!(d.reason, Reason::Cold);
         // it comes back, then restarts (new epoch): its old entries are dead, and the
@@ -398,10 +424,7 @@ mod tests {
             .unwrap();
         crate::poller::apply_body(&host, &r.keys, &r.layout, &owner, ok("e2").as_bytes(), 2)
             .unwrap();
-        let again = r
-            .route(&host, Endpoint::Completions, &body("abcdefgh"))
-            .unwrap()
-            .decision;
+        let again = route(&r, &host, &body("abcdefgh")).unwrap().placed.decision;
         assert_eq!(
             (again.pod, again.reason),
             (d.pod, Reason::PrefixHit { blocks: 2 })
@@ -440,18 +463,14 @@ mod tests {
     fn broken_state_fails_open() {
         let host = FakeHost::default();
         let r = router(None);
-        let d = r
-            .route(&host, Endpoint::Completions, &body("abcdefgh"))
-            .unwrap();
-        assert_eq!(d.decision.reason, Reason::Fallback);
+        let d = route(&r, &host, &body("abcdefgh")).unwrap();
+        assert_eq!(d.placed.decision.reason, Reason::Fallback);
         // unreadable table: every lookup misses, the request is still routed (cold)
         let host = FakeHost::default();
         host.fail_reads.set(true);
         let r = router(Some(tiny_bundle(4)));
-        let d = r
-            .route(&host, Endpoint::Completions, &body("abcdefgh"))
-            .unwrap();
-        assert_eq!(d.decision.reason, Reason::Cold);
+        let d = route(&r, &host, &body("abcdefgh")).unwrap();
+        assert_eq!(d.placed.decision.reason, Reason::Cold);
     }
 
     #[test]
@@ -459,7 +478,7 @@ mod tests {
         for (polling, back) in [("", false), (r#""poll_interval_ms":0"#, true)] {
             let host = FakeHost::default();
             let r = Router::new(crate::testing::config(polling), Some(tiny_bundle(4)), 0);
-            crate::poller::mark_down(&host, &r.keys, r.pod(1), 2).unwrap();
+            crate::poller::mark_down(&host, &r.keys, PODS[1], 2).unwrap();
             assert!(!r.fleet(&host).loads[1].healthy, "{polling}");
             host.clock.set(host.clock.get() + RETRY_REFUSED_NS);
             assert_eq!(r.fleet(&host).loads[1].healthy, back, "{polling}");

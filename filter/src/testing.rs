@@ -26,6 +26,9 @@ pub fn tiny_bundle(block: u32) -> ModelBundle {
     .unwrap()
 }
 
+/// The pods of [`config`], in order.
+pub const PODS: [&str; 3] = ["127.0.0.1:8001", "127.0.0.1:8002", "127.0.0.1:8003"];
+
 /// Three pods, 4-token blocks, model `m`, plus `extra` config fields (a JSON object's inner
 /// text, e.g. `"debug_headers":true`).
 pub fn config(extra: &str) -> RouterConfig {

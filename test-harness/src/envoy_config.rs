@@ -7,6 +7,20 @@ use prefix_core::router_config::{RouterConfig, DEFAULT_POLL_INTERVAL_MS, DEFAULT
 use serde_json::json;
 use std::path::{Path, PathBuf};
 
+/// Where the `pods` cluster's members come from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Membership {
+    /// A STATIC cluster of `pods` (ip:port), and the same fixed list in the plugin config.
+    #[default]
+    Static,
+    /// A STRICT_DNS cluster of `pods` (`name:port`, e.g. a Kubernetes headless Service); the
+    /// filter follows the resolved members through Envoy's admin (`discovery`).
+    Dns,
+    /// An EDS cluster fed from this watched file ([`write_eds`]); the filter follows it
+    /// through Envoy's admin.
+    EdsFile(PathBuf),
+}
+
 /// Everything that varies between rendered configs.
 #[derive(Debug, Clone)]
 pub struct EnvoySettings {
@@ -16,6 +30,10 @@ pub struct EnvoySettings {
     pub pods: Vec<String>,
     /// Members of Envoy's `pods` cluster, when they differ from `pods` (`None`: the same).
     pub members: Option<Vec<String>>,
+    /// Where the cluster's members come from.
+    pub membership: Membership,
+    /// STRICT_DNS re-resolution period.
+    pub dns_refresh: String,
     /// The filter; `None` renders Envoy without it (plain round-robin, for comparisons).
     pub wasm: Option<PathBuf>,
     pub block_size: u32,
@@ -42,6 +60,8 @@ impl EnvoySettings {
             admin_port,
             pods,
             members: None,
+            membership: Membership::Static,
+            dns_refresh: "5s".into(),
             wasm,
             block_size: defaults::BLOCK_SIZE,
             model_name: defaults::MODEL_NAME.into(),
@@ -56,8 +76,13 @@ impl EnvoySettings {
 
     /// The filter's plugin configuration JSON.
     pub fn plugin_config(&self) -> String {
+        let pods = match self.membership {
+            Membership::Static => json!(self.pods),
+            // the filter learns them from Envoy
+            Membership::Dns | Membership::EdsFile(_) => json!([]),
+        };
         let mut v = json!({
-            "pods": self.pods,
+            "pods": pods,
             "block_size": self.block_size,
             "model_name": self.model_name,
             "max_body_bytes": self.max_body_bytes,
@@ -67,6 +92,9 @@ impl EnvoySettings {
             "poll_interval_ms": self.poll_interval_ms,
         });
         if let Some(obj) = v.as_object_mut() {
+            if self.membership != Membership::Static {
+                obj.insert("discovery".into(), json!({}));
+            }
             obj.extend(self.extra.clone());
         }
         v.to_string()
@@ -94,11 +122,34 @@ pub fn render_unchecked(settings: &EnvoySettings, template_dir: &Path) -> anyhow
     let plugin = settings.plugin_config();
     let mut members = Vec::new();
     for p in settings.members.as_ref().unwrap_or(&settings.pods) {
-        let addr: std::net::SocketAddr = p
-            .parse()
-            .with_context(|| format!("pod '{p}' is not ip:port"))?;
-        members.push(json!({"host": addr.ip().to_string(), "port": addr.port()}));
+        let (host, port) = match settings.membership {
+            Membership::Dns => {
+                let (host, port) = p
+                    .rsplit_once(':')
+                    .with_context(|| format!("pod '{p}' is not name:port"))?;
+                let port: u16 = port
+                    .parse()
+                    .with_context(|| format!("pod '{p}': bad port"))?;
+                (host.to_owned(), port)
+            }
+            _ => {
+                let addr: std::net::SocketAddr = p
+                    .parse()
+                    .with_context(|| format!("pod '{p}' is not ip:port"))?;
+                (addr.ip().to_string(), addr.port())
+            }
+        };
+        members.push(json!({"host": host, "port": port}));
     }
+    let (membership, eds_path, eds_dir) = match &settings.membership {
+        Membership::Static => ("static", None, None),
+        Membership::Dns => ("dns", None, None),
+        Membership::EdsFile(p) => (
+            "eds",
+            Some(p.display().to_string()),
+            p.parent().map(|d| d.display().to_string()),
+        ),
+    };
     let mut env = minijinja::Environment::new();
     env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
     env.add_template(TEMPLATE, &template)?;
@@ -109,8 +160,37 @@ pub fn render_unchecked(settings: &EnvoySettings, template_dir: &Path) -> anyhow
         "plugin_config": plugin,
         "wasm_path": settings.wasm.as_ref().map(|p| p.display().to_string()),
         "members": members,
+        "membership": membership,
+        "discovery": settings.wasm.is_some() && settings.membership != Membership::Static,
+        "eds_path": eds_path,
+        "eds_dir": eds_dir,
+        "dns_refresh": settings.dns_refresh,
         // the chosen pod, each fallback, then one try by plain balancing
         "num_retries": MAX_FALLBACKS + 1,
     }))?;
     Ok(yaml)
+}
+
+/// Writes the EDS file of an [`Membership::EdsFile`] cluster named `pods` with these members
+/// (`ip:port`): a new file renamed over the old one, which is how Envoy's watched-directory
+/// source expects updates (it never reads a half-written file).
+pub fn write_eds(path: &Path, members: &[String]) -> anyhow::Result<()> {
+    let mut endpoints = Vec::new();
+    for m in members {
+        let addr: std::net::SocketAddr = m
+            .parse()
+            .with_context(|| format!("member '{m}' is not ip:port"))?;
+        endpoints.push(json!({"endpoint": {"address": {"socket_address": {
+            "address": addr.ip().to_string(), "port_value": addr.port()}}}}));
+    }
+    let doc = json!({"resources": [{
+        "@type": "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment",
+        "cluster_name": "pods",
+        "endpoints": [{"lb_endpoints": endpoints}],
+    }]});
+    let tmp = path.with_extension("tmp");
+    // JSON is YAML: Envoy reads either by the file's extension (.yaml here)
+    std::fs::write(&tmp, serde_json::to_vec_pretty(&doc)?)?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
 }

@@ -6,11 +6,14 @@
 //!   body limit).
 //! - [`events`]: the model server's `GET /v1/cache/events` page, which the filter's poller
 //!   reads: cache events, the pod's load, its process epoch.
+//! - [`pod_metrics`]: the load and restarts of pods that are not ours, from their `/metrics`.
+//! - [`envoy_clusters`]: the pods cluster's current members, from Envoy's own admin.
 //!
 //! The server serializes, the filter deserializes; `core/tests/protocol.rs` round-trips every
 //! message and pins the JSON against a golden sample.
 
 pub mod defaults;
+pub mod envoy_clusters;
 pub mod events;
 pub mod headers;
 pub mod pod_metrics;

@@ -1,12 +1,16 @@
 //! `render-envoy-config`: writes an Envoy config for a list of pods (nobody edits ports by hand).
 //!
 //! `render-envoy-config --pods 127.0.0.1:8001,127.0.0.1:8002 --listen-port 10000 > envoy.yaml`
+//! `render-envoy-config --pods model-server.default.svc.cluster.local:8000` (a DNS name: a
+//! STRICT_DNS cluster, members followed by the filter through Envoy's admin)
+//! `render-envoy-config --eds-file /etc/envoy/eds/pods.yaml` (an EDS cluster fed from a file)
 
 use clap::Parser;
 use prefix_core::protocol::defaults;
 use prefix_core::router_config::{DEFAULT_POLL_INTERVAL_MS, DEFAULT_TABLE_CAPACITY};
+use std::net::SocketAddr;
 use std::path::PathBuf;
-use test_harness::envoy_config::{render, EnvoySettings};
+use test_harness::envoy_config::{render, EnvoySettings, Membership};
 use test_harness::paths;
 
 #[derive(Parser)]
@@ -17,9 +21,17 @@ use test_harness::paths;
              (validated exactly as the filter will), and the pod clusters."
 )]
 struct Args {
-    /// Pods as ip:port, comma-separated.
-    #[arg(long, value_delimiter = ',', required = true)]
+    /// Pods as ip:port (a fixed list), or name:port (resolved by Envoy: STRICT_DNS, e.g. a
+    /// Kubernetes headless Service), comma-separated.
+    #[arg(long, value_delimiter = ',', required_unless_present = "eds_file")]
     pods: Vec<String>,
+    /// Take the pods cluster's members from this EDS file instead (Envoy watches its
+    /// directory; replace the file by renaming a new one over it).
+    #[arg(long, conflicts_with = "pods")]
+    eds_file: Option<PathBuf>,
+    /// STRICT_DNS re-resolution period (Envoy duration, e.g. 5s).
+    #[arg(long, default_value = "5s")]
+    dns_refresh: String,
     /// Port of the inference listener (on 127.0.0.1).
     #[arg(long, default_value_t = 10000)]
     listen_port: u16,
@@ -61,7 +73,17 @@ struct Args {
 fn main() -> anyhow::Result<()> {
     let a = Args::parse();
     let wasm = (!a.no_filter).then(|| a.wasm.clone().unwrap_or_else(paths::wasm_path));
+    let membership = match (
+        &a.eds_file,
+        a.pods.iter().all(|p| p.parse::<SocketAddr>().is_ok()),
+    ) {
+        (Some(path), _) => Membership::EdsFile(std::path::absolute(path)?),
+        (None, true) => Membership::Static,
+        (None, false) => Membership::Dns,
+    };
     let mut s = EnvoySettings::new(a.listen_port, a.admin_port, a.pods, wasm);
+    s.membership = membership;
+    s.dns_refresh = a.dns_refresh;
     s.block_size = a.block_size;
     s.model_name = a.model_name;
     s.max_body_bytes = a.max_body_bytes;
