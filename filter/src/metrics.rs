@@ -1,8 +1,10 @@
 //! The filter's metrics, defined through the host so they appear in Envoy's
-//! `/stats/prometheus`. Per-pod series are named by the pod's member slot
-//! (`prefix_router_pod0_healthy`, …; a configured list's slots are its order), since wasm
-//! metrics carry no labels; they are defined as slots first appear (at most
-//! `MAX_MEMBERS`), and a slot with no member reads 0.
+//! `/stats/prometheus`. Wasm metrics carry no labels, so per-pod gauges carry the pod's
+//! address in their name and Envoy's stats tag turns it into a label
+//! ([`prefix_core::protocol::stats`]): Prometheus sees
+//! `prefix_router_pod_healthy{pod="10.0.0.5:8000"}`. They are defined as pods
+//! first appear, at most [`MAX_POD_STATS`] addresses per VM (Envoy never deletes a stat, and
+//! pod addresses churn in a rollout); a pod that left reads 0.
 //! Decision counters are named from [`ReasonKind`], like the debug header.
 
 use crate::host::{Host, MetricKind};
@@ -11,7 +13,9 @@ use crate::pods::Inflight;
 use crate::poller::Applied;
 use prefix_core::liveness::PodState;
 use prefix_core::policy::{Reason, ReasonKind};
+use prefix_core::protocol::stats;
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::rc::Rc;
 use strum::IntoEnumIterator;
 
@@ -24,6 +28,8 @@ struct PodIds {
     inflight: Id,
     event_lag_ms: Id,
     signals: Id,
+    /// a member at the last update (a leaver's gauges are zeroed once)
+    member: bool,
 }
 
 pub struct Metrics<H: Host> {
@@ -44,9 +50,12 @@ pub struct Metrics<H: Host> {
     polls_failed: Id,
     members: Id,
     membership_changes: Id,
-    /// per slot, defined as slots first appear
-    pods: RefCell<Vec<PodIds>>,
+    /// per pod address, defined as pods first appear
+    pods: RefCell<HashMap<String, PodIds>>,
 }
+
+/// Most pod addresses one VM defines gauges for (four gauges each).
+pub const MAX_POD_STATS: usize = 4096;
 
 /// The decision counter's name for a reason.
 pub fn decision_metric(kind: ReasonKind) -> String {
@@ -81,35 +90,37 @@ impl<H: Host> Metrics<H> {
         }
     }
 
-    /// Defines the gauges of slots `0..n` now (the configured pods: visible from the start).
-    pub fn define_slots(&self, n: usize) {
-        if let Some(last) = n.checked_sub(1) {
-            self.pod_ids(last);
+    /// Defines the gauges of these pods now (the configured ones: visible from the start).
+    pub fn define_pods(&self, addrs: &[impl AsRef<str>]) {
+        for a in addrs {
+            self.pod_ids(a.as_ref());
         }
     }
 
-    /// Slot `i`'s gauges, defined on first use.
-    fn pod_ids(&self, i: usize) -> Option<PodIds> {
+    /// A pod's gauges, defined on first use; `None` beyond [`MAX_POD_STATS`] addresses.
+    fn pod_ids(&self, addr: &str) -> Option<PodIds> {
         use MetricKind::Gauge;
         let mut pods = self.pods.borrow_mut();
-        if i >= prefix_core::membership::MAX_MEMBERS {
+        if let Some(ids) = pods.get(addr) {
+            return Some(*ids);
+        }
+        if pods.len() >= MAX_POD_STATS {
             return None;
         }
-        while pods.len() <= i {
-            let n = pods.len();
-            let def = |name: &str| {
-                Id(self
-                    .host
-                    .define_metric(Gauge, &format!("prefix_router_pod{n}_{name}")))
-            };
-            pods.push(PodIds {
-                healthy: def("healthy"),
-                inflight: def("inflight"),
-                event_lag_ms: def("event_lag_ms"),
-                signals: def("signals"),
-            });
-        }
-        pods.get(i).copied()
+        let def = |name: &str| {
+            Id(self
+                .host
+                .define_metric(Gauge, &stats::pod_stat_name(addr, name)))
+        };
+        let ids = PodIds {
+            healthy: def("healthy"),
+            inflight: def("inflight"),
+            event_lag_ms: def("event_lag_ms"),
+            signals: def("signals"),
+            member: false,
+        };
+        pods.insert(addr.to_owned(), ids);
+        Some(ids)
     }
 
     /// Adds `by` (zero increments are skipped: each is a host call, and most requests change
@@ -172,25 +183,30 @@ impl<H: Host> Metrics<H> {
         self.inc(self.polls_failed, 1);
     }
 
-    /// Every slot's gauges: health, this router's requests in flight to it, time since its
+    /// Every member's gauges: health, this router's requests in flight to it, time since its
     /// last good poll, and what the router hears from it ([`PodState::signals`]); zeros for a
-    /// slot no member holds. And the number of members.
+    /// pod that is no longer a member. And the number of members.
     pub fn members(&self, m: &Members, states: &[PodState], inflight: &Inflight, now_ns: u64) {
         self.set(self.members, m.len() as u64);
-        let mut held = vec![None; m.width()];
-        for (i, st) in states.iter().enumerate() {
-            if let Some(h) = m.slot(i).and_then(|s| held.get_mut(s)) {
-                *h = Some(st);
-            }
+        for (i, st) in states.iter().enumerate().take(m.len()) {
+            let Some(p) = self.pod_ids(m.addr(i)) else {
+                continue;
+            };
+            self.set(p.healthy, u64::from(st.healthy));
+            let slot = m.slot(i);
+            self.set(p.inflight, slot.map_or(0, |s| u64::from(inflight.of(s))));
+            self.set(p.event_lag_ms, st.lag_ms(now_ns));
+            self.set(p.signals, st.signals());
         }
-        let defined = self.pods.borrow().len();
-        for slot in 0..defined.max(m.width()) {
-            let Some(p) = self.pod_ids(slot) else { break };
-            let st = held.get(slot).copied().flatten();
-            self.set(p.healthy, st.map_or(0, |s| u64::from(s.healthy)));
-            self.set(p.inflight, st.map_or(0, |_| u64::from(inflight.of(slot))));
-            self.set(p.event_lag_ms, st.map_or(0, |s| s.lag_ms(now_ns)));
-            self.set(p.signals, st.map_or(0, PodState::signals));
+        let mut pods = self.pods.borrow_mut();
+        for (addr, p) in pods.iter_mut() {
+            let member = m.index_of(addr).is_some();
+            if p.member && !member {
+                for id in [p.healthy, p.inflight, p.event_lag_ms, p.signals] {
+                    self.set(id, 0);
+                }
+            }
+            p.member = member;
         }
     }
 

@@ -75,7 +75,7 @@ impl<H: Host> RouterRoot<H> {
             host.set_tick_period(Duration::from_millis(config.poll_interval_ms));
         }
         let metrics = Metrics::define(Rc::clone(host));
-        metrics.define_slots(config.pods.len());
+        metrics.define_pods(&config.pods);
         self.metrics = Some(Rc::new(metrics));
         let router = Router::new(config, bundle.ok(), self.vm_id);
         Inflight::create(&**host, &router.inflight_key, router.config.pods.len());
@@ -194,7 +194,7 @@ mod tests {
         for name in [
             "prefix_router_decisions_prefix_hit",
             "prefix_router_decisions_least_loaded",
-            "prefix_router_pod1_healthy",
+            "prefix_router_pod.127.0.0.1:8002.healthy",
             "prefix_router_route_us",
         ] {
             assert!(
@@ -231,7 +231,10 @@ mod tests {
         let calls = root.host.take_calls();
         assert_eq!(calls.len(), 1);
         assert_eq!(calls[0].header(":path"), Some("/v1/cache/events?since=4"));
-        assert_eq!(root.host.metric("prefix_router_pod0_healthy"), 1);
+        assert_eq!(
+            root.host.metric("prefix_router_pod.127.0.0.1:8001.healthy"),
+            1
+        );
         // an answer to a call that is not one of ours is ignored
         root.call_answered(999_999, 0);
     }
@@ -281,7 +284,10 @@ mod tests {
         assert_eq!(root.host.metric("prefix_router_polls_failed"), 2);
         assert_eq!(root.host.logged("marked down"), 1);
         root.tick();
-        assert_eq!(root.host.metric("prefix_router_pod1_healthy"), 0);
+        assert_eq!(
+            root.host.metric("prefix_router_pod.127.0.0.1:8002.healthy"),
+            0
+        );
         let calls = root.host.take_calls();
         answer(&root, &calls[1], "200", &page(1, false));
         assert!(state(&root, pod).healthy);
@@ -490,6 +496,10 @@ mod tests {
             .collect();
         assert_eq!(polled, ["127.0.0.1:8003", "127.0.0.1:8002"]);
         assert_eq!(host.metric("prefix_router_members"), 2);
+        // per-pod gauges are named by address (Envoy's stats tag makes it a `pod` label)
+        assert_eq!(host.metric("prefix_router_pod.127.0.0.1:8002.healthy"), 1);
+        assert_eq!(host.metric("prefix_router_pod.127.0.0.1:8001.healthy"), 0);
+        assert_eq!(host.metric("prefix_router_pod.127.0.0.1:8003.signals"), 0);
         let admin = calls.iter().find(|c| c.cluster == "envoy_admin").unwrap();
         answer(
             &root,

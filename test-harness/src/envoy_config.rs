@@ -165,6 +165,7 @@ pub fn render_unchecked(settings: &EnvoySettings, template_dir: &Path) -> anyhow
         "eds_path": eds_path,
         "eds_dir": eds_dir,
         "dns_refresh": settings.dns_refresh,
+        "pod_tag_regex": prefix_core::protocol::stats::POD_TAG_REGEX,
         // the chosen pod, each fallback, then one try by plain balancing
         "num_retries": MAX_FALLBACKS + 1,
     }))?;

@@ -113,13 +113,13 @@ impl Fleet {
             .count() as f64;
         let done = || {
             self.stat(envoy, "prefix_router_pod_generation_changes") >= events_pods
-                && self.pods.iter().enumerate().all(|(i, p)| {
+                && self.pods.iter().all(|p| {
                     let signals = match p.kind {
                         PodKind::ModelServer => 1.0,
                         PodKind::LlamaCpp => 2.0,
                     };
-                    self.stat(envoy, &format!("prefix_router_pod{i}_healthy")) == 1.0
-                        && self.stat(envoy, &format!("prefix_router_pod{i}_signals")) == signals
+                    self.pod_stat(envoy, "healthy", &p.addr) == 1.0
+                        && self.pod_stat(envoy, "signals", &p.addr) == signals
                 })
         };
         if self.wait(Duration::from_secs(20), done) {
@@ -185,6 +185,15 @@ impl Fleet {
             .and_then(|r| r.text())
             .unwrap_or_default();
         metric_value(&text, name).unwrap_or(0.0)
+    }
+
+    /// One of the filter's per-pod gauges (`healthy`, `inflight`, `event_lag_ms`, `signals`)
+    /// for the pod at `addr`: `prefix_router_pod_<name>{pod="<addr>"}` (Envoy's stats tag).
+    pub fn pod_stat(&self, envoy: &Envoy, name: &str, addr: &str) -> f64 {
+        self.stat(
+            envoy,
+            &format!("prefix_router_pod_{name}{{pod=\"{addr}\"}}"),
+        )
     }
 
     /// Polls `cond` every 50 ms until true or `timeout`; returns whether it became true.

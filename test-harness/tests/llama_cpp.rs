@@ -174,9 +174,9 @@ fn a_killed_llama_server_is_avoided_and_a_restarted_one_is_cold() {
     let i = f.pods.iter().position(|p| p.addr == owner).unwrap();
     f.pods[i].proc.kill();
     let _ = complete(&f, "Right after the kill: is the fleet healthy?", 1);
-    let healthy = format!("prefix_router_pod{i}_healthy");
     assert!(
-        f.wait(Duration::from_secs(10), || f.stat(&f.envoy, &healthy)
+        f.wait(Duration::from_secs(10), || f
+            .pod_stat(&f.envoy, "healthy", &owner)
             == 0.0),
         "the filter never marked the killed server down"
     );
@@ -197,7 +197,7 @@ fn a_killed_llama_server_is_avoided_and_a_restarted_one_is_cold() {
     f.pods[i] = start_pod(PodKind::LlamaCpp, &name, port, &[], &dir, &client()).unwrap();
     assert!(
         f.wait(Duration::from_secs(10), || {
-            f.stat(&f.envoy, &healthy) == 1.0
+            f.pod_stat(&f.envoy, "healthy", &owner) == 1.0
                 && f.stat(&f.envoy, "prefix_router_pod_generation_changes") > generations
         }),
         "the filter never noticed the restart"

@@ -187,7 +187,9 @@ fn dns_named_pods_are_resolved_by_envoy_and_routed_by_prefix() {
     assert!(
         f.wait(Duration::from_secs(20), || {
             f.stat(&f.envoy, "prefix_router_members") == 3.0
-                && (0..3).all(|i| f.stat(&f.envoy, &format!("prefix_router_pod{i}_signals")) == 1.0)
+                && f.pods
+                    .iter()
+                    .all(|p| f.pod_stat(&f.envoy, "signals", &p.addr) == 1.0)
         }),
         "the filter follows the three resolved pods"
     );

@@ -82,9 +82,11 @@ fn killed_pod_is_avoided() {
     // the dead pod before it learns are retried on a fallback by Envoy: none is lost
     assert!(failed.is_empty(), "{failed:?}");
     assert!(
-        f.wait(Duration::from_secs(5), || f
-            .stat(&f.envoy, &format!("prefix_router_pod{victim}_healthy"))
-            == 0.0),
+        f.wait(Duration::from_secs(5), || f.pod_stat(
+            &f.envoy,
+            "healthy",
+            &f.pods[victim].addr
+        ) == 0.0),
         "the dead pod is reported down"
     );
 }
@@ -198,7 +200,7 @@ fn restarted_pod_loses_its_entries_then_reseeds() {
     assert!(
         f.wait(Duration::from_secs(10), || {
             f.stat(&f.envoy, "prefix_router_pod_generation_changes") > generations
-                && f.stat(&f.envoy, &format!("prefix_router_pod{i}_healthy")) == 1.0
+                && f.pod_stat(&f.envoy, "healthy", &f.pods[i].addr) == 1.0
         }),
         "the filter never noticed the restart: {}",
         f.http
@@ -403,9 +405,9 @@ fn separate_envoys_agree_and_learn_from_events() {
 
     // pod health, in-flight, event lag and decisions are all exported
     for name in [
-        "prefix_router_pod0_healthy",
-        "prefix_router_pod2_inflight",
-        "prefix_router_pod1_event_lag_ms",
+        "prefix_router_pod_healthy{pod=",
+        "prefix_router_pod_inflight{pod=",
+        "prefix_router_pod_event_lag_ms{pod=",
         "prefix_router_decisions_prefix_hit",
         "prefix_router_polls_failed",
     ] {
@@ -418,5 +420,5 @@ fn separate_envoys_agree_and_learn_from_events() {
             .unwrap();
         assert!(text.contains(name), "{name} missing from Envoy stats");
     }
-    assert_eq!(f.stat(&b, "prefix_router_pod0_healthy"), 1.0);
+    assert_eq!(f.pod_stat(&b, "healthy", &f.pods[0].addr), 1.0);
 }

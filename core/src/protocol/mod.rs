@@ -8,6 +8,7 @@
 //!   reads: cache events, the pod's load, its process epoch.
 //! - [`pod_metrics`]: the load and restarts of pods that are not ours, from their `/metrics`.
 //! - [`envoy_clusters`]: the pods cluster's current members, from Envoy's own admin.
+//! - [`stats`]: the filter's per-pod metric names and the Envoy stats tag that labels them.
 //!
 //! The server serializes, the filter deserializes; `core/tests/protocol.rs` round-trips every
 //! message and pins the JSON against a golden sample.
@@ -17,5 +18,6 @@ pub mod envoy_clusters;
 pub mod events;
 pub mod headers;
 pub mod pod_metrics;
+pub mod stats;
 
 pub use events::{CacheEvent, EventsPage, LoadReport, SeqEvent, EVENTS_PATH};
