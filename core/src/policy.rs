@@ -28,7 +28,7 @@ use xxhash_rust::xxh3::xxh3_64_with_seed;
 ///
 /// Each variant's name is written once, here: its kind ([`ReasonKind`], derived) gives the
 /// kebab-case value of the debug header (`prefix-hit`) and, with `_` for `-`, the metric name
-/// (`prefix_router_decisions_prefix_hit`).
+/// (`prefix_router_decisions{reason="prefix_hit"}`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, strum::EnumDiscriminants)]
 #[strum_discriminants(
     name(ReasonKind),

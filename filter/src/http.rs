@@ -267,7 +267,10 @@ mod tests {
     fn setup(extra: &str) -> (Rc<FakeHost>, Rc<Router>, Rc<Metrics<FakeHost>>) {
         let host = Rc::new(FakeHost::default());
         let router = Rc::new(testing::router(extra));
-        let metrics = Rc::new(Metrics::define(Rc::clone(&host)));
+        let metrics = Rc::new(Metrics::define(
+            Rc::clone(&host),
+            prefix_core::protocol::defaults::MODEL_NAME,
+        ));
         (host, router, metrics)
     }
 
@@ -339,7 +342,13 @@ mod tests {
         expect.extend(placed.fallbacks());
         assert_eq!(named, expect);
         assert_eq!(named.len(), 3, "{dest}");
-        assert_eq!(f.0.metric("prefix_router_decisions_cold"), 1);
+        assert_eq!(
+            f.0.metric(&format!(
+                "prefix_router_decisions.cold.{}",
+                prefix_core::protocol::defaults::MODEL_NAME
+            )),
+            1
+        );
         assert_eq!(
             f.0.metric("prefix_router_table_entries"),
             4,
@@ -395,7 +404,13 @@ mod tests {
                 "not buffered"
             );
         }
-        assert_eq!(f.0.metric("prefix_router_decisions_passthrough"), 3);
+        assert_eq!(
+            f.0.metric(&format!(
+                "prefix_router_decisions.passthrough.{}",
+                prefix_core::protocol::defaults::MODEL_NAME
+            )),
+            3
+        );
     }
 
     #[test]

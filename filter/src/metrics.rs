@@ -5,7 +5,7 @@
 //! `prefix_router_pod_healthy{pod="10.0.0.5:8000"}`. They are defined as pods
 //! first appear, at most [`MAX_POD_STATS`] addresses per VM (Envoy never deletes a stat, and
 //! pod addresses churn in a rollout); a pod that left reads 0.
-//! Decision counters are named from [`ReasonKind`], like the debug header.
+//! Decision counters are named from [`ReasonKind`], like the debug header, and the model.
 
 use crate::host::{Host, MetricKind};
 use crate::members::Members;
@@ -57,19 +57,21 @@ pub struct Metrics<H: Host> {
 /// Most pod addresses one VM defines gauges for (four gauges each).
 pub const MAX_POD_STATS: usize = 4096;
 
-/// The decision counter's name for a reason.
-pub fn decision_metric(kind: ReasonKind) -> String {
-    format!("prefix_router_decisions_{}", kind.metric_suffix())
+/// The decision counter's name for a reason and model (Envoy's stats tags make both labels:
+/// `prefix_router_decisions{reason="prefix_hit",model="…"}`).
+pub fn decision_metric(kind: ReasonKind, model: &str) -> String {
+    stats::decision_stat_name(&kind.metric_suffix(), model)
 }
 
 impl<H: Host> Metrics<H> {
-    /// Defines every metric (idempotent per VM). A metric that cannot be defined is skipped.
-    pub fn define(host: Rc<H>) -> Self {
+    /// Defines every metric (idempotent per VM), decisions for the served `model`. A metric
+    /// that cannot be defined is skipped.
+    pub fn define(host: Rc<H>, model: &str) -> Self {
         use MetricKind::{Counter, Gauge, Histogram};
         let def = |kind, name: &str| Id(host.define_metric(kind, name));
         Metrics {
             reasons: ReasonKind::iter()
-                .map(|k| def(Counter, &decision_metric(k)))
+                .map(|k| def(Counter, &decision_metric(k, model)))
                 .collect(),
             matched_blocks: def(Counter, "prefix_router_matched_blocks"),
             table_entries: def(Gauge, "prefix_router_table_entries"),

@@ -74,7 +74,7 @@ impl<H: Host> RouterRoot<H> {
         if config.poll_interval_ms > 0 {
             host.set_tick_period(Duration::from_millis(config.poll_interval_ms));
         }
-        let metrics = Metrics::define(Rc::clone(host));
+        let metrics = Metrics::define(Rc::clone(host), &config.model_name);
         metrics.define_pods(&config.pods);
         self.metrics = Some(Rc::new(metrics));
         let router = Router::new(config, bundle.ok(), self.vm_id);
@@ -192,8 +192,8 @@ mod tests {
             host.logs.borrow()
         );
         for name in [
-            "prefix_router_decisions_prefix_hit",
-            "prefix_router_decisions_least_loaded",
+            "prefix_router_decisions.prefix_hit.SmolLM2-135M-Instruct",
+            "prefix_router_decisions.least_loaded.SmolLM2-135M-Instruct",
             "prefix_router_pod.127.0.0.1:8002.healthy",
             "prefix_router_route_us",
         ] {
@@ -554,6 +554,12 @@ mod tests {
             proxy_wasm::types::Action::Continue
         );
         assert!(ctx.placed.is_some());
-        assert_eq!(root.host.metric("prefix_router_decisions_passthrough"), 1);
+        assert_eq!(
+            root.host.metric(&format!(
+                "prefix_router_decisions.passthrough.{}",
+                prefix_core::protocol::defaults::MODEL_NAME
+            )),
+            1
+        );
     }
 }

@@ -24,7 +24,12 @@ pub enum Membership {
 /// Everything that varies between rendered configs.
 #[derive(Debug, Clone)]
 pub struct EnvoySettings {
+    /// Address of the inference (and stats) listeners: 127.0.0.1 unless deployed (a pod's
+    /// 0.0.0.0). The admin always stays on 127.0.0.1.
+    pub listen_address: String,
     pub listen_port: u16,
+    /// A listener serving only `/stats/prometheus` and `/ready` from the admin.
+    pub stats_port: Option<u16>,
     pub admin_port: u16,
     /// `ip:port` of every pod the filter knows (plugin configuration).
     pub pods: Vec<String>,
@@ -56,7 +61,9 @@ impl EnvoySettings {
         wasm: Option<PathBuf>,
     ) -> Self {
         EnvoySettings {
+            listen_address: "127.0.0.1".into(),
             listen_port,
+            stats_port: None,
             admin_port,
             pods,
             members: None,
@@ -156,6 +163,8 @@ pub fn render_unchecked(settings: &EnvoySettings, template_dir: &Path) -> anyhow
     let yaml = env.get_template(TEMPLATE)?.render(json!({
         "admin_port": settings.admin_port,
         "listen_port": settings.listen_port,
+        "listen_address": settings.listen_address,
+        "stats_port": settings.stats_port,
         "buffer_limit": settings.max_body_bytes + 64 * 1024,
         "plugin_config": plugin,
         "wasm_path": settings.wasm.as_ref().map(|p| p.display().to_string()),
@@ -165,7 +174,7 @@ pub fn render_unchecked(settings: &EnvoySettings, template_dir: &Path) -> anyhow
         "eds_path": eds_path,
         "eds_dir": eds_dir,
         "dns_refresh": settings.dns_refresh,
-        "pod_tag_regex": prefix_core::protocol::stats::POD_TAG_REGEX,
+        "stats_tags": prefix_core::protocol::stats::STATS_TAGS,
         // the chosen pod, each fallback, then one try by plain balancing
         "num_retries": MAX_FALLBACKS + 1,
     }))?;
@@ -194,4 +203,19 @@ pub fn write_eds(path: &Path, members: &[String]) -> anyhow::Result<()> {
     std::fs::write(&tmp, serde_json::to_vec_pretty(&doc)?)?;
     std::fs::rename(&tmp, path)?;
     Ok(())
+}
+
+/// A Kubernetes ConfigMap named `name` holding `envoy_yaml` as its `envoy.yaml` key (what the
+/// Envoy Deployment mounts at `/etc/envoy`).
+pub fn configmap(name: &str, envoy_yaml: &str) -> anyhow::Result<String> {
+    let doc = json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "prefix-router"}},
+        "data": {"envoy.yaml": envoy_yaml},
+    });
+    Ok(format!(
+        "# Rendered by render-envoy-config (envoy/envoy.yaml.j2): do not edit by hand.\n{}",
+        serde_norway::to_string(&doc)?
+    ))
 }

@@ -63,13 +63,13 @@ mod tests {
 
     #[test]
     fn reads_colon_names_labels_and_sums() {
-        let text = "# HELP vllm:prefix_cache_hits_total hits\n# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total{model_name=\"m\",pod=\"a\"} 128\nvllm:prefix_cache_hits_total{model_name=\"m\",pod=\"b\"} 256\nprefix_router_decisions_cold{} 3\n";
+        let text = "# HELP vllm:prefix_cache_hits_total hits\n# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total{model_name=\"m\",pod=\"a\"} 128\nvllm:prefix_cache_hits_total{model_name=\"m\",pod=\"b\"} 256\nprefix_router_decisions{reason=\"cold\"} 3\n";
         assert_eq!(
             metric_value(text, "vllm:prefix_cache_hits_total"),
             Some(384.0)
         );
         assert_eq!(
-            metric_value(text, "prefix_router_decisions_cold"),
+            metric_value(text, "prefix_router_decisions"),
             Some(3.0)
         );
         assert_eq!(metric_value(text, "missing"), None);

@@ -98,10 +98,10 @@ fn repeated_prompt_sticks_to_one_pod_and_hits() {
     let stat = |n: &str| {
         test_harness::cluster::metric_value(&stats, n).unwrap_or_else(|| panic!("{n} missing"))
     };
-    assert_eq!(stat("prefix_router_decisions_cold"), 1.0);
-    assert_eq!(stat("prefix_router_decisions_prefix_hit"), 6.0);
-    assert_eq!(stat("prefix_router_decisions_short_prompt"), 6.0);
-    assert_eq!(stat("prefix_router_decisions_fallback"), 0.0);
+    assert_eq!(stat("prefix_router_decisions{reason=\"cold\"}"), 1.0);
+    assert_eq!(stat("prefix_router_decisions{reason=\"prefix_hit\"}"), 6.0);
+    assert_eq!(stat("prefix_router_decisions{reason=\"short_prompt\"}"), 6.0);
+    assert_eq!(stat("prefix_router_decisions{reason=\"fallback\"}"), 0.0);
     let blocks = first.body["usage"]["prompt_tokens"].as_u64().unwrap() / 128;
     assert_eq!(
         stat("prefix_router_table_entries"),

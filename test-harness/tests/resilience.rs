@@ -408,7 +408,7 @@ fn separate_envoys_agree_and_learn_from_events() {
         "prefix_router_pod_healthy{pod=",
         "prefix_router_pod_inflight{pod=",
         "prefix_router_pod_event_lag_ms{pod=",
-        "prefix_router_decisions_prefix_hit",
+        "prefix_router_decisions{reason=\"prefix_hit\",model=",
         "prefix_router_polls_failed",
     ] {
         let text = f

@@ -170,7 +170,7 @@ fn seed_demo_through_prometheus() {
     }
     // And it scrapes the filter's decisions from Envoy.
     // (1 cold runbook send + 30 cold different prompts)
-    prom.wait_for("sum(prefix_router_decisions_cold)", wait, |s| {
+    prom.wait_for("sum(prefix_router_decisions{reason=\"cold\"})", wait, |s| {
         s.first().is_some_and(|x| x.1 == 31.0)
     })
     .unwrap();

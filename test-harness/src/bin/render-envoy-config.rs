@@ -10,7 +10,7 @@ use prefix_core::protocol::defaults;
 use prefix_core::router_config::{DEFAULT_POLL_INTERVAL_MS, DEFAULT_TABLE_CAPACITY};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use test_harness::envoy_config::{render, EnvoySettings, Membership};
+use test_harness::envoy_config::{configmap, render, EnvoySettings, Membership};
 use test_harness::paths;
 
 #[derive(Parser)]
@@ -32,9 +32,17 @@ struct Args {
     /// STRICT_DNS re-resolution period (Envoy duration, e.g. 5s).
     #[arg(long, default_value = "5s")]
     dns_refresh: String,
-    /// Port of the inference listener (on 127.0.0.1).
+    /// Port of the inference listener.
     #[arg(long, default_value_t = 10000)]
     listen_port: u16,
+    /// Address of the inference and stats listeners (0.0.0.0 in a Kubernetes pod). The admin
+    /// always stays on 127.0.0.1.
+    #[arg(long, default_value = "127.0.0.1")]
+    listen_address: std::net::IpAddr,
+    /// Also listen here for `/stats/prometheus` and `/ready` only (read from the admin), for
+    /// Prometheus and readiness probes from outside the pod.
+    #[arg(long)]
+    stats_port: Option<u16>,
     /// Port of Envoy's admin interface (on 127.0.0.1; /stats/prometheus has the filter's metrics).
     #[arg(long, default_value_t = 9901)]
     admin_port: u16,
@@ -65,6 +73,9 @@ struct Args {
     /// How often the filter polls pods for health, load and cache events (0 = never).
     #[arg(long, default_value_t = DEFAULT_POLL_INTERVAL_MS)]
     poll_interval_ms: u64,
+    /// Write a Kubernetes ConfigMap of this name holding the config as `envoy.yaml`.
+    #[arg(long)]
+    configmap: Option<String>,
     /// Write here instead of stdout.
     #[arg(long, short)]
     out: Option<PathBuf>,
@@ -91,7 +102,12 @@ fn main() -> anyhow::Result<()> {
     s.table_capacity = a.table_capacity;
     s.policy = a.policy;
     s.poll_interval_ms = a.poll_interval_ms;
-    let yaml = render(&s, &paths::envoy_template_dir())?;
+    s.listen_address = a.listen_address.to_string();
+    s.stats_port = a.stats_port;
+    let mut yaml = render(&s, &paths::envoy_template_dir())?;
+    if let Some(name) = &a.configmap {
+        yaml = configmap(name, &yaml)?;
+    }
     match a.out {
         Some(p) => std::fs::write(p, yaml)?,
         None => print!("{yaml}"),
