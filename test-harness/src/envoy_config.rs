@@ -208,14 +208,12 @@ pub fn write_eds(path: &Path, members: &[String]) -> anyhow::Result<()> {
 /// A Kubernetes ConfigMap named `name` holding `envoy_yaml` as its `envoy.yaml` key (what the
 /// Envoy Deployment mounts at `/etc/envoy`).
 pub fn configmap(name: &str, envoy_yaml: &str) -> anyhow::Result<String> {
-    let doc = json!({
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "prefix-router"}},
-        "data": {"envoy.yaml": envoy_yaml},
-    });
-    Ok(format!(
-        "# Rendered by render-envoy-config (envoy/envoy.yaml.j2): do not edit by hand.\n{}",
-        serde_norway::to_string(&doc)?
-    ))
+    crate::kubernetes::configmap(
+        name,
+        None,
+        &[],
+        "envoy.yaml",
+        envoy_yaml,
+        "envoy/envoy.yaml.j2 by render-envoy-config",
+    )
 }

@@ -14,10 +14,12 @@
 //! - [`fleet`]: a running fleet (pods + Envoy) and the answers sent through it.
 //! - [`prometheus`]: a real Prometheus scraping the fleet.
 //! - [`wire`]: reading answers back (Prometheus text, server-sent events).
+//! - [`kubernetes`]: the generated parts of `deploy/kubernetes` and reading them back.
 
 pub mod cluster;
 pub mod envoy_config;
 pub mod fleet;
+pub mod kubernetes;
 pub mod llama;
 pub mod paths;
 pub mod process;

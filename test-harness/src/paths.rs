@@ -37,6 +37,17 @@ pub fn prometheus_bin() -> PathBuf {
     env_path("PROMETHEUS_BIN").unwrap_or_else(|| PathBuf::from("/usr/bin/prometheus"))
 }
 
+/// Prometheus's `promtool` (same Debian package); `PROMTOOL_BIN` overrides.
+pub fn promtool_bin() -> PathBuf {
+    env_path("PROMTOOL_BIN").unwrap_or_else(|| PathBuf::from("/usr/bin/promtool"))
+}
+
+/// `kubernetes-validate` (PyPI, Kubernetes JSON schemas) from the project venv.
+pub fn kubernetes_validate_bin() -> PathBuf {
+    env_path("KUBERNETES_VALIDATE_BIN")
+        .unwrap_or_else(|| repo_root().join(".venv/bin/kubernetes-validate"))
+}
+
 /// The templates in `envoy/`.
 pub fn envoy_template_dir() -> PathBuf {
     repo_root().join("envoy")

@@ -22,7 +22,7 @@ pub type Sample = (BTreeMap<String, String>, f64);
 
 /// The scrape configuration: pods keep their own `pod` label (`honor_labels`); Envoy's admin
 /// stats (the filter's metrics) are a second job. Written as JSON, which is YAML.
-pub fn config_yaml(pods: &[String], envoy_admin: Option<u16>) -> String {
+pub fn config_yaml(pods: &[String], envoy_admin: Option<u16>, rules: Option<&Path>) -> String {
     let mut jobs = vec![json!({
         "job_name": "pods",
         "honor_labels": true,
@@ -35,8 +35,10 @@ pub fn config_yaml(pods: &[String], envoy_admin: Option<u16>) -> String {
             "static_configs": [{"targets": [format!("127.0.0.1:{port}")]}],
         }));
     }
+    let rule_files: Vec<String> = rules.iter().map(|p| p.display().to_string()).collect();
     json!({
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": rule_files,
         "scrape_configs": jobs,
     })
     .to_string()
@@ -48,6 +50,17 @@ impl Prometheus {
         envoy_admin: Option<u16>,
         dir: &Path,
     ) -> anyhow::Result<Prometheus> {
+        Self::start_with_rules(pods, envoy_admin, None, dir)
+    }
+
+    /// [`Prometheus::start`], also evaluating the rules file `rules` (every second).
+    /// `envoy_admin` is any port that serves Envoy's `/stats/prometheus`.
+    pub fn start_with_rules(
+        pods: &[String],
+        envoy_admin: Option<u16>,
+        rules: Option<&Path>,
+        dir: &Path,
+    ) -> anyhow::Result<Prometheus> {
         let bin = paths::prometheus_bin();
         if !bin.is_file() {
             bail!(
@@ -57,7 +70,7 @@ impl Prometheus {
         }
         std::fs::create_dir_all(dir)?;
         let cfg = dir.join("prometheus.yml");
-        std::fs::write(&cfg, config_yaml(pods, envoy_admin))?;
+        std::fs::write(&cfg, config_yaml(pods, envoy_admin, rules))?;
         let port = free_port()?;
         let mut cmd = Command::new(bin);
         cmd.arg(format!("--config.file={}", cfg.display()))

@@ -68,10 +68,7 @@ mod tests {
             metric_value(text, "vllm:prefix_cache_hits_total"),
             Some(384.0)
         );
-        assert_eq!(
-            metric_value(text, "prefix_router_decisions"),
-            Some(3.0)
-        );
+        assert_eq!(metric_value(text, "prefix_router_decisions"), Some(3.0));
         assert_eq!(metric_value(text, "missing"), None);
         assert_eq!(
             metric_value(text, "vllm:prefix_cache_hits_total{pod=\"b\"}"),

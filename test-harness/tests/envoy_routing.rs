@@ -100,7 +100,10 @@ fn repeated_prompt_sticks_to_one_pod_and_hits() {
     };
     assert_eq!(stat("prefix_router_decisions{reason=\"cold\"}"), 1.0);
     assert_eq!(stat("prefix_router_decisions{reason=\"prefix_hit\"}"), 6.0);
-    assert_eq!(stat("prefix_router_decisions{reason=\"short_prompt\"}"), 6.0);
+    assert_eq!(
+        stat("prefix_router_decisions{reason=\"short_prompt\"}"),
+        6.0
+    );
     assert_eq!(stat("prefix_router_decisions{reason=\"fallback\"}"), 0.0);
     let blocks = first.body["usage"]["prompt_tokens"].as_u64().unwrap() / 128;
     assert_eq!(

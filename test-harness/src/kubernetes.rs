@@ -1,0 +1,199 @@
+//! The Kubernetes manifests in `deploy/kubernetes/`: the parts that are generated from a
+//! source kept elsewhere (the Envoy configurations from `envoy/envoy.yaml.j2`, the Prometheus
+//! rules and the Grafana dashboard from `deploy/observability/`), and reading a kustomization
+//! back as the documents it applies, for the offline checks in `tests/kubernetes.rs`.
+//!
+//! Generated files are checked in, so `kubectl apply -k` needs nothing from this project;
+//! `render-kubernetes` rewrites them, and a test fails when one is stale.
+
+use crate::envoy_config::{render, EnvoySettings, Membership};
+use crate::paths;
+use anyhow::{bail, Context};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+
+/// The namespace every manifest uses.
+pub const NAMESPACE: &str = "prefix-router";
+/// Where the Envoy Deployment's init container puts the filter.
+pub const WASM_IN_POD: &str = "/etc/prefix-router/prefix_router_filter.wasm";
+/// Ports of the Envoy pod: inference, admin (127.0.0.1 only), stats (`/stats/prometheus`,
+/// `/ready`).
+pub const ENVOY_PORTS: (u16, u16, u16) = (10000, 9901, 9902);
+
+/// The fleets with an overlay: directory under `deploy/kubernetes`, headless Service, port.
+pub const FLEETS: [(&str, &str, u16); 2] = [
+    ("model-server", "model-server", 8000),
+    ("llama-cpp", "llama-server", 8080),
+];
+
+pub fn manifests_dir() -> PathBuf {
+    paths::repo_root().join("deploy/kubernetes")
+}
+
+/// A ConfigMap holding one file.
+pub fn configmap(
+    name: &str,
+    namespace: Option<&str>,
+    labels: &[(&str, &str)],
+    key: &str,
+    content: &str,
+    source: &str,
+) -> anyhow::Result<String> {
+    let mut meta = json!({"name": name});
+    if let Some(ns) = namespace {
+        meta["namespace"] = json!(ns);
+    }
+    let mut l = serde_json::Map::new();
+    l.insert("app.kubernetes.io/part-of".into(), json!("prefix-router"));
+    for (k, v) in labels {
+        l.insert((*k).into(), json!(v));
+    }
+    meta["labels"] = Value::Object(l);
+    let doc = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta,
+                     "data": {key: content}});
+    Ok(format!(
+        "# Rendered from {source}: do not edit by hand.\n{}",
+        serde_norway::to_string(&doc)?
+    ))
+}
+
+/// The Envoy settings of a fleet's overlay: its headless Service by DNS, listeners on the
+/// pod's address, the stats listener for Prometheus and the readiness probe.
+pub fn envoy_settings(service: &str, port: u16) -> EnvoySettings {
+    let (listen, admin, stats) = ENVOY_PORTS;
+    let pod = format!("{service}.{NAMESPACE}.svc.cluster.local:{port}");
+    let mut s = EnvoySettings::new(listen, admin, vec![pod], Some(WASM_IN_POD.into()));
+    s.membership = Membership::Dns;
+    s.listen_address = "0.0.0.0".into();
+    s.stats_port = Some(stats);
+    s.debug_headers = false;
+    s
+}
+
+/// Every generated file: path relative to the repository root, and content.
+pub fn generated() -> anyhow::Result<Vec<(PathBuf, String)>> {
+    let root = paths::repo_root();
+    let mut out = Vec::new();
+    for (dir, service, port) in FLEETS {
+        let yaml = render(&envoy_settings(service, port), &paths::envoy_template_dir())?;
+        out.push((
+            PathBuf::from(format!("deploy/kubernetes/{dir}/envoy-config.yaml")),
+            configmap(
+                "envoy-config",
+                Some(NAMESPACE),
+                &[],
+                "envoy.yaml",
+                &yaml,
+                "envoy/envoy.yaml.j2 by render-kubernetes",
+            )?,
+        ));
+    }
+    let rules = "deploy/observability/prometheus-rules.yml";
+    out.push((
+        PathBuf::from("deploy/kubernetes/base/prometheus-rules.yaml"),
+        configmap(
+            "prometheus-rules",
+            Some(NAMESPACE),
+            &[],
+            "prefix-router.yml",
+            &read(&root.join(rules))?,
+            &format!("{rules} by render-kubernetes"),
+        )?,
+    ));
+    let dashboard = "deploy/observability/grafana-dashboard.json";
+    out.push((
+        PathBuf::from("deploy/kubernetes/base/grafana-dashboard.yaml"),
+        configmap(
+            "grafana-dashboard-prefix-router",
+            Some(NAMESPACE),
+            // the label Grafana's dashboard sidecar looks for
+            &[("grafana_dashboard", "1")],
+            "prefix-router.json",
+            &read(&root.join(dashboard))?,
+            &format!("{dashboard} by render-kubernetes"),
+        )?,
+    ));
+    Ok(out)
+}
+
+fn read(p: &Path) -> anyhow::Result<String> {
+    std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Kustomization {
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    resources: Vec<String>,
+}
+
+/// One Kubernetes object of a kustomization, with the file it came from.
+pub struct Object {
+    pub file: PathBuf,
+    pub doc: Value,
+}
+
+impl Object {
+    pub fn kind(&self) -> &str {
+        self.doc["kind"].as_str().unwrap_or("")
+    }
+    pub fn name(&self) -> &str {
+        self.doc["metadata"]["name"].as_str().unwrap_or("")
+    }
+}
+
+/// Every object `kubectl apply -k dir` would apply, for the subset of kustomize these
+/// manifests use (`resources`: files and directories with their own kustomization, and
+/// `namespace`, which must agree with each object's own). Anything else is refused, so the
+/// check cannot silently read a kustomization differently from kustomize.
+pub fn objects(dir: &Path) -> anyhow::Result<Vec<Object>> {
+    let path = dir.join("kustomization.yaml");
+    let text = read(&path)?;
+    let raw: Value = serde_norway::from_str(&text).with_context(|| path.display().to_string())?;
+    let known = ["apiVersion", "kind", "namespace", "resources"];
+    if let Some(extra) = raw
+        .as_object()
+        .and_then(|o| o.keys().find(|k| !known.contains(&k.as_str())))
+    {
+        bail!(
+            "{}: field '{extra}' is not read by this check",
+            path.display()
+        );
+    }
+    let k: Kustomization = serde_json::from_value(raw)?;
+    let mut out = Vec::new();
+    for r in &k.resources {
+        let p = dir.join(r);
+        if p.is_dir() {
+            out.extend(objects(&p)?);
+        } else {
+            let text = read(&p)?;
+            for d in serde_norway::Deserializer::from_str(&text) {
+                let doc = Value::deserialize(d).with_context(|| p.display().to_string())?;
+                if !doc.is_null() {
+                    out.push(Object {
+                        file: p.clone(),
+                        doc,
+                    });
+                }
+            }
+        }
+    }
+    if let Some(ns) = &k.namespace {
+        for o in &out {
+            let own = o.doc["metadata"]["namespace"].as_str();
+            if o.kind() != "Namespace" && own != Some(ns) {
+                bail!(
+                    "{} {} in {}: namespace {own:?}, the kustomization sets '{ns}'",
+                    o.kind(),
+                    o.name(),
+                    o.file.display()
+                );
+            }
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,355 @@
+//! The Kubernetes manifests (`deploy/kubernetes`), checked with no cluster and no network:
+//! every object against the Kubernetes OpenAPI schemas (strict: unknown fields fail), the
+//! objects against each other (selectors, ConfigMaps, ports, probes, mount paths), every
+//! Envoy configuration inside through `envoy --mode validate` with the real filter, and the
+//! Prometheus configuration and rules through `promtool`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use test_harness::cluster::validate_config;
+use test_harness::kubernetes::{
+    generated, manifests_dir, objects, Object, ENVOY_PORTS, FLEETS, WASM_IN_POD,
+};
+use test_harness::paths;
+
+/// The Kubernetes version the manifests are checked against.
+const KUBERNETES: &str = "1.33.0";
+
+fn fleet_objects(dir: &str) -> Vec<Object> {
+    objects(&manifests_dir().join(dir)).unwrap()
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = test_harness::cluster::run_dir(name);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Runs kubernetes-validate on these objects; Err with its report when one fails.
+fn schema_check(objs: &[&Value], dir: &Path) -> Result<(), String> {
+    let file = dir.join("objects.yaml");
+    let text: Vec<String> = objs
+        .iter()
+        .map(|o| serde_json::to_string_pretty(o).unwrap())
+        .collect();
+    std::fs::write(&file, text.join("\n---\n")).unwrap();
+    let out = Command::new(paths::kubernetes_validate_bin())
+        .args(["--strict", "--quiet", "-k", KUBERNETES])
+        .arg(&file)
+        .output()
+        .expect("kubernetes-validate (scripts/setup.sh installs it into .venv)");
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+fn configmap_file<'a>(objs: &'a [Object], name: &str, key: &str) -> &'a str {
+    objs.iter()
+        .find(|o| o.kind() == "ConfigMap" && o.name() == name)
+        .unwrap_or_else(|| panic!("no ConfigMap {name}"))
+        .doc["data"][key]
+        .as_str()
+        .unwrap_or_else(|| panic!("ConfigMap {name} has no {key}"))
+}
+
+#[test]
+fn generated_files_are_current() {
+    for (rel, content) in generated().unwrap() {
+        let on_disk = std::fs::read_to_string(paths::repo_root().join(&rel)).unwrap_or_default();
+        assert!(
+            on_disk == content,
+            "{} is stale: run target/debug/render-kubernetes",
+            rel.display()
+        );
+    }
+}
+
+#[test]
+fn every_object_passes_the_kubernetes_schemas() {
+    let dir = tmp("k8s-schemas");
+    for (fleet, _, _) in FLEETS {
+        let objs = fleet_objects(fleet);
+        assert!(objs.len() >= 10, "{fleet}: {} objects", objs.len());
+        let docs: Vec<&Value> = objs.iter().map(|o| &o.doc).collect();
+        if let Err(report) = schema_check(&docs, &dir) {
+            panic!("{fleet}: {report}");
+        }
+    }
+    // the check can fail: a misspelt probe and a port given as a word are refused
+    let mut bad = fleet_objects("model-server")
+        .into_iter()
+        .find(|o| o.kind() == "Deployment" && o.name() == "model-server")
+        .unwrap()
+        .doc;
+    let c = &mut bad["spec"]["template"]["spec"]["containers"][0];
+    c["readinesProbe"] = c["readinessProbe"].take();
+    assert!(schema_check(&[&bad], &dir)
+        .unwrap_err()
+        .contains("readinesProbe"));
+}
+
+/// Labels of a pod template, as `k=v` strings.
+fn labels(v: &Value) -> BTreeSet<String> {
+    v.as_object()
+        .map(|m| {
+            m.iter()
+                .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn the_objects_fit_together() {
+    for (fleet, service, port) in FLEETS {
+        let objs = fleet_objects(fleet);
+        let of = |kind: &'static str| objs.iter().filter(move |o| o.kind() == kind);
+        let configmaps: BTreeSet<&str> = of("ConfigMap").map(|o| o.name()).collect();
+        for d in of("Deployment") {
+            let spec = &d.doc["spec"];
+            let pod = &spec["template"]["spec"];
+            let tpl = labels(&spec["template"]["metadata"]["labels"]);
+            assert!(
+                labels(&spec["selector"]["matchLabels"]).is_subset(&tpl),
+                "{fleet}: {} selector does not select its pods",
+                d.name()
+            );
+            // every ConfigMap volume exists; every mount names a volume
+            let volumes: Vec<&Value> = pod["volumes"].as_array().into_iter().flatten().collect();
+            for v in &volumes {
+                if let Some(cm) = v["configMap"]["name"].as_str() {
+                    assert!(configmaps.contains(cm), "{fleet}: no ConfigMap {cm}");
+                }
+            }
+            let containers = pod["containers"]
+                .as_array()
+                .into_iter()
+                .chain(pod["initContainers"].as_array())
+                .flatten();
+            for c in containers {
+                let ports: BTreeSet<String> = c["ports"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .flat_map(|p| [p["name"].to_string(), p["containerPort"].to_string()])
+                    .collect();
+                for m in c["volumeMounts"].as_array().into_iter().flatten() {
+                    assert!(
+                        volumes.iter().any(|v| v["name"] == m["name"]),
+                        "{fleet}: mount {} has no volume",
+                        m["name"]
+                    );
+                }
+                for probe in ["readinessProbe", "livenessProbe"] {
+                    let p = &c[probe];
+                    let port = p["httpGet"]["port"]
+                        .as_str()
+                        .map(|s| format!("\"{s}\""))
+                        .or_else(|| p["httpGet"]["port"].as_u64().map(|n| n.to_string()))
+                        .or_else(|| p["tcpSocket"]["port"].as_str().map(|s| format!("\"{s}\"")));
+                    if let Some(port) = port {
+                        assert!(
+                            ports.contains(&port),
+                            "{fleet}: {} {probe} port {port}",
+                            d.name()
+                        );
+                    }
+                }
+            }
+            // a scraped pod's annotated port is one of its container ports
+            let ann = &spec["template"]["metadata"]["annotations"];
+            if ann["prometheus.io/scrape"] == "true" {
+                let port: u64 = ann["prometheus.io/port"].as_str().unwrap().parse().unwrap();
+                assert!(
+                    pod["containers"][0]["ports"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|p| p["containerPort"] == port),
+                    "{fleet}: {} scrape port {port}",
+                    d.name()
+                );
+            }
+        }
+        // every Service selects some Deployment's pods
+        for s in of("Service") {
+            let sel = labels(&s.doc["spec"]["selector"]);
+            assert!(
+                of("Deployment")
+                    .any(|d| sel
+                        .is_subset(&labels(&d.doc["spec"]["template"]["metadata"]["labels"]))),
+                "{fleet}: Service {} selects nothing",
+                s.name()
+            );
+        }
+        // the fleet: a headless Service on its port, pods ready only once /health answers
+        let headless = of("Service").find(|s| s.name() == service).unwrap();
+        assert_eq!(headless.doc["spec"]["clusterIP"], "None", "{fleet}");
+        assert_eq!(headless.doc["spec"]["ports"][0]["port"], port, "{fleet}");
+        let pods = of("Deployment").find(|d| d.name() == service).unwrap();
+        let c = &pods.doc["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/health", "{fleet}");
+        // Envoy: config and filter where its arguments and the config expect them
+        let envoy = of("Deployment").find(|d| d.name() == "envoy").unwrap();
+        let pod = &envoy.doc["spec"]["template"]["spec"];
+        let mounts = &pod["containers"][0]["volumeMounts"];
+        let mount_of = |vol: &str| {
+            mounts
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|m| m["name"] == vol)
+                .and_then(|m| m["mountPath"].as_str())
+                .unwrap()
+                .to_owned()
+        };
+        let args: Vec<&str> = pod["containers"][0]["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        assert!(args
+            .windows(2)
+            .any(|w| w == ["-c", &format!("{}/envoy.yaml", mount_of("config"))]));
+        assert_eq!(
+            Path::new(WASM_IN_POD).parent().unwrap(),
+            Path::new(&mount_of("wasm"))
+        );
+        let config = configmap_file(&objs, "envoy-config", "envoy.yaml");
+        let (listen, _, stats) = ENVOY_PORTS;
+        assert!(config.contains(&format!(
+            "address: \"{service}.prefix-router.svc.cluster.local\", port_value: {port}"
+        )));
+        for p in [listen, stats] {
+            assert!(config.contains(&format!("port_value: {p}")));
+        }
+        // Prometheus reads the rules where they are mounted
+        let prom = of("Deployment").find(|d| d.name() == "prometheus").unwrap();
+        let rules_at = prom.doc["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == "rules")
+            .unwrap()["mountPath"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        let prom_cfg = configmap_file(&objs, "prometheus-config", "prometheus.yml");
+        assert!(
+            prom_cfg.contains(&format!("- {rules_at}/*.yml")),
+            "{prom_cfg}"
+        );
+    }
+}
+
+#[test]
+fn the_envoy_configurations_pass_envoy_validate() {
+    let wasm = paths::wasm_path();
+    assert!(wasm.is_file(), "scripts/build-filter.sh");
+    let dir = tmp("k8s-envoy");
+    for (fleet, _, _) in FLEETS {
+        let objs = fleet_objects(fleet);
+        let config = configmap_file(&objs, "envoy-config", "envoy.yaml");
+        assert!(config.contains(WASM_IN_POD));
+        // the filter is where the init container puts it in the pod; here, the built one
+        let local = config.replace(WASM_IN_POD, &wasm.display().to_string());
+        let path = dir.join(format!("{fleet}-envoy.yaml"));
+        std::fs::write(&path, local).unwrap();
+        validate_config(&path).unwrap();
+    }
+}
+
+#[test]
+fn the_prometheus_configuration_and_rules_pass_promtool() {
+    let dir = tmp("k8s-promtool");
+    let objs = fleet_objects("model-server");
+    let cfg = dir.join("prometheus.yml");
+    // Debian's Prometheus is built without Kubernetes service discovery: swap it for a static
+    // target, and let promtool check everything else (relabelling, rule files, globals)
+    let text = configmap_file(&objs, "prometheus-config", "prometheus.yml");
+    let mut doc: Value = serde_norway::from_str(text).unwrap();
+    for job in doc["scrape_configs"].as_array_mut().unwrap() {
+        let job = job.as_object_mut().unwrap();
+        let sd = job.remove("kubernetes_sd_configs").unwrap();
+        assert_eq!(sd[0]["role"], "pod");
+        job.insert(
+            "static_configs".into(),
+            serde_json::json!([{"targets": ["127.0.0.1:1"]}]),
+        );
+    }
+    std::fs::write(&cfg, serde_norway::to_string(&doc).unwrap()).unwrap();
+    let rules = dir.join("prefix-router.yml");
+    std::fs::write(
+        &rules,
+        configmap_file(&objs, "prometheus-rules", "prefix-router.yml"),
+    )
+    .unwrap();
+    for args in [["check", "config"], ["check", "rules"]] {
+        let file = if args[1] == "config" { &cfg } else { &rules };
+        let out = Command::new(paths::promtool_bin())
+            .args(args)
+            .arg(file)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "promtool {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Where kubectl is installed, its kustomize must read the overlays as this check does.
+#[test]
+fn kubectl_kustomize_agrees_where_installed() {
+    let Ok(out) = Command::new("kubectl")
+        .arg("version")
+        .arg("--client")
+        .output()
+    else {
+        eprintln!("kubectl not installed: the overlays are read by this check's own reader only");
+        return;
+    };
+    assert!(out.status.success());
+    for (fleet, _, _) in FLEETS {
+        let out = Command::new("kubectl")
+            .arg("kustomize")
+            .arg(manifests_dir().join(fleet))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let theirs: BTreeSet<(String, String)> =
+            serde_norway::Deserializer::from_slice(&out.stdout)
+                .map(|d| {
+                    let v = <Value as serde::Deserialize>::deserialize(d).unwrap();
+                    (v["kind"].to_string(), v["metadata"]["name"].to_string())
+                })
+                .collect();
+        let ours: BTreeSet<(String, String)> = fleet_objects(fleet)
+            .iter()
+            .map(|o| {
+                (
+                    o.doc["kind"].to_string(),
+                    o.doc["metadata"]["name"].to_string(),
+                )
+            })
+            .collect();
+        assert_eq!(theirs, ours, "{fleet}");
+    }
+}

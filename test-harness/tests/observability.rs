@@ -1,0 +1,226 @@
+//! What a user looks at: the Prometheus rules and the Grafana dashboard in
+//! `deploy/observability`, every expression executed against a real Prometheus scraping a
+//! real fleet (pods + Envoy with the filter, through Envoy's stats listener) after traffic; a
+//! query that answers nothing fails. A pod killed makes the pod-down alert fire. The stats
+//! listener serves metrics and readiness only.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use serde_json::{json, Value};
+use std::time::Duration;
+use test_harness::fleet::{Fleet, ZERO_COST};
+use test_harness::paths;
+use test_harness::process::free_port;
+use test_harness::prometheus::Prometheus;
+
+const LEAD: &str = "You are the on-call assistant for the payments platform. Before answering, \
+restate the incident in one sentence, list the dashboards you would open, the alerts that \
+fired, the last three deploys and who owns each service involved; then propose the first \
+three diagnostic steps, in order, with the exact commands to run and what each result means. ";
+
+fn observability(file: &str) -> String {
+    std::fs::read_to_string(paths::repo_root().join("deploy/observability").join(file)).unwrap()
+}
+
+/// The left operands of an alert's comparisons: `(a == 0) and (b > 0)` → `a`, `b`. These are
+/// what must answer after traffic (the alert itself is meant to be empty when all is well).
+fn signals(expr: &str) -> Vec<String> {
+    fn top_level(s: &str, pat: &str) -> Vec<usize> {
+        let mut depth = 0i32;
+        let mut at = Vec::new();
+        for (i, c) in s.char_indices() {
+            match c {
+                '(' | '{' | '[' => depth += 1,
+                ')' | '}' | ']' => depth -= 1,
+                _ if depth == 0 && s[i..].starts_with(pat) => at.push(i),
+                _ => {}
+            }
+        }
+        at
+    }
+    fn unwrap_parens(s: &str) -> &str {
+        let t = s.trim();
+        if t.starts_with('(') && t.ends_with(')') && top_level(&t[1..t.len() - 1], ")").is_empty() {
+            unwrap_parens(&t[1..t.len() - 1])
+        } else {
+            t
+        }
+    }
+    let mut parts = Vec::new();
+    let mut rest = expr.trim();
+    while let Some(&i) = top_level(rest, " and ").first() {
+        parts.push(&rest[..i]);
+        rest = &rest[i + 5..];
+    }
+    parts.push(rest);
+    parts
+        .into_iter()
+        .map(|p| {
+            let p = unwrap_parens(p);
+            let cut = [" == ", " != ", " >= ", " <= ", " > ", " < "]
+                .iter()
+                .filter_map(|op| top_level(p, op).last().copied())
+                .max();
+            unwrap_parens(cut.map_or(p, |i| &p[..i])).to_owned()
+        })
+        .collect()
+}
+
+#[test]
+fn alert_signals_are_the_left_operands() {
+    assert_eq!(
+        signals("(prefix_router_pod_healthy == 0) and (prefix_router_pod_signals > 0)"),
+        ["prefix_router_pod_healthy", "prefix_router_pod_signals"]
+    );
+    assert_eq!(
+        signals("sum by (instance) (rate(x[5m])) > 1"),
+        ["sum by (instance) (rate(x[5m]))"]
+    );
+    assert_eq!(
+        signals("max by (pod) (y{a=\"b > c\"}) > 16"),
+        ["max by (pod) (y{a=\"b > c\"})"]
+    );
+}
+
+#[test]
+fn every_rule_and_dashboard_query_answers_after_traffic() {
+    let stats_port = free_port().unwrap();
+    let f = Fleet::start("observability", 3, &ZERO_COST, |s| {
+        s.stats_port = Some(stats_port)
+    })
+    .unwrap();
+    f.wait_polled(&f.envoy).unwrap();
+
+    // the stats listener: metrics and readiness, nothing else of the admin
+    let stats = |path: &str| {
+        f.http
+            .get(format!("http://127.0.0.1:{stats_port}{path}"))
+            .send()
+            .unwrap()
+    };
+    let r = stats("/stats/prometheus");
+    assert_eq!(r.status(), 200);
+    assert!(r.text().unwrap().contains("prefix_router_members"));
+    assert_eq!(stats("/ready").status(), 200);
+    for path in ["/clusters", "/config_dump", "/quitquitquit", "/stats"] {
+        assert_eq!(stats(path).status(), 404, "{path} must not be reachable");
+    }
+    let post = f
+        .http
+        .post(format!("http://127.0.0.1:{stats_port}/quitquitquit"))
+        .send()
+        .unwrap();
+    assert_eq!(post.status(), 404);
+
+    // the rules as shipped, with `for:` cut to 0s so that an alert fires within a test
+    let rules_text = observability("prometheus-rules.yml");
+    let rules_file = f.dir.join("rules.yml");
+    std::fs::write(
+        &rules_file,
+        rules_text
+            .lines()
+            .map(|l| {
+                if l.trim_start().starts_with("for: ") {
+                    format!("{}for: 0s", &l[..l.len() - l.trim_start().len()])
+                } else {
+                    l.to_owned()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
+    )
+    .unwrap();
+    let prom =
+        Prometheus::start_with_rules(&f.addrs(), Some(stats_port), Some(&rules_file), &f.dir)
+            .unwrap();
+
+    // Prometheus has the counters before the traffic, so that rates see it
+    prom.wait_for("prefix_router_decisions", Duration::from_secs(30), |s| {
+        !s.is_empty()
+    })
+    .unwrap();
+    // traffic: a repeated long prompt (hits), different ones (cold), short ones, a stream
+    let long = |tag: &str| json!({"prompt": format!("{tag} {LEAD}{LEAD}"), "max_tokens": 2});
+    for _ in 0..6 {
+        assert_eq!(
+            f.send("/v1/completions", &long("incident 7"), &[]).status,
+            200
+        );
+    }
+    for i in 0..12 {
+        assert_eq!(
+            f.send("/v1/completions", &long(&format!("ticket {i}")), &[])
+                .status,
+            200
+        );
+        let short = json!({"prompt": format!("hi {i}"), "max_tokens": 2});
+        assert_eq!(f.send("/v1/completions", &short, &[]).status, 200);
+    }
+    let chat =
+        json!({"messages": [{"role": "user", "content": LEAD}], "max_tokens": 2, "stream": true});
+    assert_eq!(f.send("/v1/chat/completions", &chat, &[]).status, 200);
+
+    let answers = |promql: &str| {
+        prom.wait_for(promql, Duration::from_secs(30), |s| !s.is_empty())
+            .unwrap_or_else(|e| panic!("{e}"))
+    };
+    // every recording rule and every alert's signals
+    let rules: Value = serde_norway::from_str(&rules_text).unwrap();
+    let (mut recorded, mut alerts) = (0, 0);
+    for group in rules["groups"].as_array().unwrap() {
+        for rule in group["rules"].as_array().unwrap() {
+            let expr = rule["expr"].as_str().unwrap();
+            if let Some(name) = rule["record"].as_str() {
+                answers(expr);
+                answers(name);
+                recorded += 1;
+            } else {
+                for s in signals(expr) {
+                    answers(&s);
+                }
+                alerts += 1;
+            }
+        }
+    }
+    assert!(
+        recorded >= 6 && alerts >= 4,
+        "{recorded} records, {alerts} alerts"
+    );
+    // every query of every dashboard panel
+    let dash: Value = serde_json::from_str(&observability("grafana-dashboard.json")).unwrap();
+    let mut queries = 0;
+    for panel in dash["panels"].as_array().unwrap() {
+        for t in panel["targets"].as_array().unwrap() {
+            let got = answers(t["expr"].as_str().unwrap());
+            assert!(!got.is_empty(), "{}", panel["title"]);
+            queries += 1;
+        }
+    }
+    assert!(queries >= 12);
+    // the ones that must show the traffic, not just exist
+    prom.wait_for(
+        "prefix_router:prefix_hit_ratio:rate5m",
+        Duration::from_secs(30),
+        |s| s.first().is_some_and(|x| x.1 > 0.0),
+    )
+    .unwrap();
+    let by_reason = prom
+        .by_label("sum by (reason) (prefix_router_decisions)", "reason")
+        .unwrap();
+    assert_eq!(by_reason.get("prefix_hit"), Some(&5.0), "{by_reason:?}");
+    assert!(by_reason.get("short_prompt").is_some_and(|n| *n >= 12.0));
+    // no alert fires on a healthy fleet
+    let firing = prom.query("ALERTS{alertstate=\"firing\"}").unwrap();
+    assert!(firing.is_empty(), "{firing:?}");
+
+    // a pod killed: the pod-down alert fires for it, by address
+    let mut f = f;
+    let victim = f.pods[1].addr.clone();
+    f.pods[1].proc.kill();
+    prom.wait_for(
+        "ALERTS{alertname=\"PrefixRouterPodDown\",alertstate=\"firing\"}",
+        Duration::from_secs(30),
+        |s| s.iter().any(|(l, _)| l.get("pod") == Some(&victim)),
+    )
+    .unwrap();
+}
