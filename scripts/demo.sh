@@ -15,6 +15,8 @@
 # once by scripts/setup.sh) serving the same GGUF: they have no cache events, so the filter
 # follows them through /health and /metrics, and the per-pod counter read back from Prometheus
 # is llama.cpp's own llamacpp:prompt_tokens_cached_total.
+# At the end it prints where to look (Prometheus, with the project's rules loaded) and the
+# queries it used; HOLD=1 keeps everything running until Ctrl-C.
 # Exits non-zero if what it shows is not what it claims.
 set -euo pipefail
 MODE=${1:-seed}
@@ -114,6 +116,7 @@ cat >"$RUN/prometheus.yml" <<YAML
 global:
   scrape_interval: 1s
   evaluation_interval: 1s
+rule_files: ['$ROOT/deploy/observability/prometheus-rules.yml']
 scrape_configs:
 - job_name: pods
   honor_labels: true        # keep each pod's own pod="pod-N" label (model-server pods)
@@ -298,4 +301,16 @@ case "$MODE" in
   all) seed_scenario; different_scenario ;;
 esac
 echo
+echo "== look for yourself: Prometheus http://127.0.0.1:$PROM_PORT/graph"
+echo "   (rules: deploy/observability/prometheus-rules.yml, loaded; Grafana dashboard:"
+echo "   deploy/observability/grafana-dashboard.json). The queries, and what they answer now:"
+for q in "$HITS" 'sum by (reason) (prefix_router_decisions)' 'prefix_router:prefix_hit_ratio:rate5m' \
+         'max by (pod) (prefix_router_pod_healthy)' 'ALERTS{alertstate="firing"}'; do
+  printf '   %s\n      → %s\n' "$q" "$(promql "$q" | jq -c '[.data.result[] | {key: (.metric.reason // .metric.pod // .metric.instance // .metric.alertname // "value"), value: .value[1]}] | from_entries')"
+done
+echo
 echo "DEMO OK"
+if [ "${HOLD:-0}" = 1 ]; then
+  echo "HOLD=1: pods, Envoy and Prometheus keep running until Ctrl-C"
+  wait
+fi
