@@ -6,10 +6,11 @@
 //!   seeded workloads, through Envoy with the filter, N sim pods; `--quick` ≤ 2 minutes.
 //! - `cache`: cache cost per block, tokenizer throughput, server requests/s.
 //! - `filter`: filter overhead, Envoy with vs without it.
+//! - `faults`: pod kill / restart / join under load, unique prompts, a soak with kills.
 
 use crate::policies::{run_all, Saturation, SimCosts, POLICIES, SATURATED};
 use crate::trace::{TraceParams, Workload};
-use crate::{engine, micro, overhead, plots, report, server, write_json};
+use crate::{engine, faults, micro, overhead, plots, report, server, write_json};
 use clap::{Parser, ValueEnum};
 use std::path::PathBuf;
 
@@ -23,6 +24,8 @@ enum Which {
     Filter,
     /// the real engine: TTFT cold vs warm for 1–8 cached blocks, prefill/decode speed
     Engine,
+    /// pod failures and churn under load: kill, restart, join, unique prompts, soak
+    Faults,
     /// everything
     All,
 }
@@ -68,6 +71,18 @@ struct Args {
     /// Blocks cached in the cache benchmark.
     #[arg(long, default_value_t = 1_000_000)]
     cache_blocks: usize,
+    /// Faults: offered load, requests/s.
+    #[arg(long, default_value_t = 50.0)]
+    fault_rate: f64,
+    /// Faults: unique prompts sent to check Envoy's memory (default 10k quick, 100k full).
+    #[arg(long)]
+    fault_unique: Option<usize>,
+    /// Faults: soak length in seconds (default 60 quick, 600 full).
+    #[arg(long)]
+    soak_s: Option<u64>,
+    /// Faults: a pod is killed every this many seconds of the soak (default 20 quick, 60 full).
+    #[arg(long)]
+    kill_every_s: Option<u64>,
     /// Output directory.
     #[arg(long, default_value = "bench-results/latest")]
     out: PathBuf,
@@ -250,6 +265,22 @@ pub fn main() -> anyhow::Result<()> {
             "filter_overhead".into(),
             serde_json::json!({"rows": rows, "vm": vm}),
         );
+    }
+    if a.which == Which::Faults {
+        let p = faults::FaultParams {
+            rate: a.fault_rate,
+            pods: 3,
+            unique_prompts: a
+                .fault_unique
+                .unwrap_or(if a.quick { 10_000 } else { 100_000 }),
+            soak_s: a.soak_s.unwrap_or(if a.quick { 60 } else { 600 }),
+            kill_every_s: a.kill_every_s.unwrap_or(if a.quick { 20 } else { 60 }),
+            poll_interval_ms: prefix_core::router_config::DEFAULT_POLL_INTERVAL_MS,
+        };
+        println!("== faults: {} sim pods (+1 that joins) behind Envoy with the filter, members from EDS; {p:?}", p.pods);
+        let r = faults::run(&p, &a.out)?;
+        print!("{}", faults::table(&r));
+        summary.insert("faults".into(), serde_json::to_value(&r)?);
     }
     if matches!(a.which, Which::Engine | Which::All) {
         println!(

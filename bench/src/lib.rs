@@ -12,10 +12,12 @@
 //! - [`report`] and [`plots`]: tables, CSV/JSON, TTFT CDF charts.
 //! - [`overhead`] (with [`wrk`]): the same Envoy with and without the filter.
 //! - [`micro`]: prefix cache, tokenizer, server; [`engine`]: the real engine's TTFT.
+//! - [`faults`]: pod kill, restart, join, unique prompts and a soak, under load.
 //! - [`cli`]: the `bench` command line that runs them and prints the summary.
 
 pub mod cli;
 pub mod engine;
+pub mod faults;
 pub mod micro;
 pub mod oracle;
 pub mod overhead;

@@ -39,7 +39,7 @@ pub struct VmFootprint {
     pub mb_per_vm: f64,
 }
 
-fn rss_mb(pid: Option<u32>) -> f64 {
+pub(crate) fn rss_mb(pid: Option<u32>) -> f64 {
     let Some(pid) = pid else { return 0.0 };
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
