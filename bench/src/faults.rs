@@ -15,13 +15,14 @@ use crate::overhead::rss_mb;
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use test_harness::cluster::{client, pod_metric, run_dir, start_envoy_unvalidated, start_pod};
 use test_harness::cluster::{start_pods, PodKind};
 use test_harness::envoy_config::{write_eds, Membership};
 use test_harness::fleet::Fleet;
+use test_harness::load::{in_flight_at, Load, Outcome};
 
 /// Sim costs: a request takes tens of milliseconds, so some are always in flight.
 const POD_ARGS: [&str; 8] = [
@@ -45,24 +46,6 @@ pub struct FaultParams {
     pub poll_interval_ms: u64,
 }
 
-/// One request of the load: when it was sent (s since the load began), and how it ended.
-#[derive(Debug, Clone, Serialize)]
-pub struct Outcome {
-    pub sent_s: f64,
-    pub done_s: f64,
-    pub stream: bool,
-    /// `None` when it succeeded; else the status or error
-    pub failure: Option<String>,
-}
-
-/// Open-loop load at `rate` requests/s from a pool of client threads, until stopped.
-struct Load {
-    stop: Arc<AtomicBool>,
-    start: Instant,
-    outcomes: Arc<Mutex<Vec<Outcome>>>,
-    threads: Vec<std::thread::JoinHandle<()>>,
-}
-
 const LEAD: &str = "You are the support assistant of a hosting company. Answer with the \
 steps to diagnose the customer's problem, the commands to run, what each output means, and \
 when to escalate to the on-call engineer; keep a friendly tone and never promise refunds. ";
@@ -81,80 +64,6 @@ fn body(i: usize) -> (Value, bool) {
         json!({"prompt": prompt, "max_tokens": 4, "stream": stream}),
         stream,
     )
-}
-
-impl Load {
-    fn start(url: String, rate: f64) -> Load {
-        let stop: Arc<AtomicBool> = Arc::default();
-        let outcomes: Arc<Mutex<Vec<Outcome>>> = Arc::default();
-        let start = Instant::now();
-        let (tx, rx) = mpsc::channel::<(usize, f64)>();
-        let rx = Arc::new(Mutex::new(rx));
-        let mut threads = Vec::new();
-        for _ in 0..32 {
-            let (rx, outcomes, url) = (Arc::clone(&rx), Arc::clone(&outcomes), url.clone());
-            threads.push(std::thread::spawn(move || {
-                let http = client();
-                loop {
-                    let job = rx.lock().ok().and_then(|r| r.recv().ok());
-                    let Some((i, sent_s)) = job else { break };
-                    let (b, stream) = body(i);
-                    let failure = match http.post(&url).json(&b).send() {
-                        Ok(r) if r.status() == 200 => match r.bytes() {
-                            Ok(bytes) if !stream || bytes.ends_with(b"data: [DONE]\n\n") => None,
-                            Ok(_) => Some("stream cut".to_owned()),
-                            Err(e) => Some(format!("body: {e}")),
-                        },
-                        Ok(r) => Some(format!("status {}", r.status())),
-                        Err(e) => Some(format!("{e}")),
-                    };
-                    let done_s = start.elapsed().as_secs_f64();
-                    if let Ok(mut o) = outcomes.lock() {
-                        o.push(Outcome {
-                            sent_s,
-                            done_s,
-                            stream,
-                            failure,
-                        });
-                    }
-                }
-            }));
-        }
-        let s = Arc::clone(&stop);
-        threads.push(std::thread::spawn(move || {
-            let period = Duration::from_secs_f64(1.0 / rate);
-            let mut i = 0usize;
-            while !s.load(Ordering::Relaxed) {
-                let due = start + period.mul_f64(i as f64);
-                if let Some(wait) = due.checked_duration_since(Instant::now()) {
-                    std::thread::sleep(wait);
-                }
-                if tx.send((i, start.elapsed().as_secs_f64())).is_err() {
-                    break;
-                }
-                i += 1;
-            }
-        }));
-        Load {
-            stop,
-            start,
-            outcomes,
-            threads,
-        }
-    }
-
-    fn now(&self) -> f64 {
-        self.start.elapsed().as_secs_f64()
-    }
-
-    fn finish(self) -> Vec<Outcome> {
-        self.stop.store(true, Ordering::Relaxed);
-        // the scheduler ends first, dropping the sender; workers drain and end
-        for t in self.threads {
-            let _ = t.join();
-        }
-        self.outcomes.lock().map(|o| o.clone()).unwrap_or_default()
-    }
 }
 
 fn failed_between(o: &[Outcome], from: f64, to: f64) -> Vec<&Outcome> {
@@ -241,7 +150,7 @@ pub fn run(p: &FaultParams, out: &Path) -> anyhow::Result<FaultReport> {
 
     // 1. kill -9 under load
     println!("   1. kill -9 a pod at {} req/s", p.rate);
-    let load = Load::start(url.clone(), p.rate);
+    let load = Load::start(url.clone(), p.rate, body);
     std::thread::sleep(Duration::from_secs(5));
     let victim = 0;
     let kill_at = load.now();
@@ -297,10 +206,7 @@ pub fn run(p: &FaultParams, out: &Path) -> anyhow::Result<FaultReport> {
         .filter(|o| o.sent_s >= kill_at - 1.0 && o.sent_s < end_kill)
         .collect();
     let kill_failed = failed_between(&outcomes, kill_at - 1.0, end_kill);
-    let in_flight = outcomes
-        .iter()
-        .filter(|o| o.sent_s <= kill_at && o.done_s >= kill_at)
-        .count();
+    let in_flight = in_flight_at(&outcomes, kill_at);
 
     // 4. unique prompts: is Envoy's memory bounded?
     println!("   4. {} unique prompts", p.unique_prompts);
@@ -350,7 +256,7 @@ pub fn run(p: &FaultParams, out: &Path) -> anyhow::Result<FaultReport> {
         p.soak_s, p.kill_every_s
     );
     let soak_rss_start = rss_mb(envoy_pid);
-    let load = Load::start(url, p.rate);
+    let load = Load::start(url, p.rate, body);
     let soak_start = Instant::now();
     let mut kills = 0;
     while soak_start.elapsed() < Duration::from_secs(p.soak_s) {

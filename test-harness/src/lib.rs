@@ -12,6 +12,7 @@
 //!   (also the `render-envoy-config` binary).
 //! - [`cluster`]: starting pods (this project's server, or [`llama`]: llama.cpp's) and Envoys.
 //! - [`fleet`]: a running fleet (pods + Envoy) and the answers sent through it.
+//! - [`load`]: open-loop load at a fixed rate, every outcome recorded.
 //! - [`prometheus`]: a real Prometheus scraping the fleet.
 //! - [`wire`]: reading answers back (Prometheus text, server-sent events).
 //! - [`kubernetes`]: the generated parts of `deploy/kubernetes` and reading them back.
@@ -21,6 +22,7 @@ pub mod envoy_config;
 pub mod fleet;
 pub mod kubernetes;
 pub mod llama;
+pub mod load;
 pub mod paths;
 pub mod process;
 pub mod prometheus;

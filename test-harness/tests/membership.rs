@@ -8,12 +8,11 @@
 use prefix_core::protocol::headers::debug;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 use test_harness::cluster::{client, pod_metric, run_dir, start_envoy, start_pods};
 use test_harness::envoy_config::{write_eds, Membership};
 use test_harness::fleet::{Fleet, ZERO_COST};
+use test_harness::load::Load;
 
 const POLL_MS: u64 = 200;
 
@@ -35,62 +34,6 @@ fn served(f: &Fleet, i: usize) -> f64 {
         "vllm:e2e_request_latency_seconds_count",
     )
     .unwrap()
-}
-
-/// Sends different prompts through Envoy from another thread until stopped; counts requests
-/// and failures (any status but 200).
-struct Traffic {
-    stop: Arc<AtomicBool>,
-    sent: Arc<AtomicUsize>,
-    failed: Arc<AtomicUsize>,
-    thread: Option<std::thread::JoinHandle<Vec<String>>>,
-}
-
-impl Traffic {
-    fn start(url: String) -> Traffic {
-        let stop: Arc<AtomicBool> = Arc::default();
-        let (sent, failed): (Arc<AtomicUsize>, Arc<AtomicUsize>) = Default::default();
-        let (s, n, bad) = (Arc::clone(&stop), Arc::clone(&sent), Arc::clone(&failed));
-        let thread = std::thread::spawn(move || {
-            let http = client();
-            let mut errors = Vec::new();
-            let mut i = 0;
-            while !s.load(Ordering::Relaxed) {
-                i += 1;
-                let r = http.post(&url).json(&prompt(&format!("change {i}"))).send();
-                n.fetch_add(1, Ordering::Relaxed);
-                match r {
-                    Ok(r) if r.status() == 200 => {}
-                    Ok(r) => {
-                        bad.fetch_add(1, Ordering::Relaxed);
-                        errors.push(format!("{}: {}", r.status(), r.text().unwrap_or_default()));
-                    }
-                    Err(e) => {
-                        bad.fetch_add(1, Ordering::Relaxed);
-                        errors.push(e.to_string());
-                    }
-                }
-            }
-            errors
-        });
-        Traffic {
-            stop,
-            sent,
-            failed,
-            thread: Some(thread),
-        }
-    }
-
-    /// Stops and returns (sent, failed, error texts).
-    fn finish(mut self) -> (usize, usize, Vec<String>) {
-        self.stop.store(true, Ordering::Relaxed);
-        let errors = self.thread.take().unwrap().join().unwrap();
-        (
-            self.sent.load(Ordering::Relaxed),
-            self.failed.load(Ordering::Relaxed),
-            errors,
-        )
-    }
 }
 
 #[test]
@@ -125,7 +68,9 @@ fn eds_members_join_and_leave_under_load_without_a_failed_request() {
     };
     assert!(members(2.0), "the filter learned the two EDS members");
 
-    let traffic = Traffic::start(f.envoy.url("/v1/completions"));
+    let traffic = Load::start(f.envoy.url("/v1/completions"), 30.0, |i| {
+        (prompt(&format!("change {i}")), false)
+    });
     // a pod joins: it takes requests without an Envoy restart
     let before = served(&f, 2);
     write_eds(&eds, &addrs).unwrap();
@@ -137,9 +82,18 @@ fn eds_members_join_and_leave_under_load_without_a_failed_request() {
     // a pod leaves: nothing is sent to it any more
     write_eds(&eds, &addrs[1..]).unwrap();
     assert!(members(2.0), "the first pod left");
-    let (sent, failed, errors) = traffic.finish();
-    assert_eq!(failed, 0, "{sent} sent, failures: {errors:?}");
-    assert!(sent > 20, "traffic flowed throughout ({sent})");
+    let outcomes = traffic.finish();
+    let failures: Vec<&String> = outcomes.iter().filter_map(|o| o.failure.as_ref()).collect();
+    assert!(
+        failures.is_empty(),
+        "{} sent, failures: {failures:?}",
+        outcomes.len()
+    );
+    assert!(
+        outcomes.len() > 20,
+        "traffic flowed throughout ({})",
+        outcomes.len()
+    );
     let gone = served(&f, 0);
     for i in 0..20 {
         let a = f.send("/v1/completions", &prompt(&format!("after {i}")), &[]);

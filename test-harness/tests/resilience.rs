@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use test_harness::cluster::{client, start_envoy, start_pod, PodKind};
 use test_harness::fleet::{Answer, Fleet, ZERO_COST};
+use test_harness::load::{in_flight_at, Load};
 
 const POLL_MS: u64 = 200;
 
@@ -21,6 +22,48 @@ fn prompt(tag: &str) -> Value {
 
 fn fleet(name: &str, pod_args: &[&str]) -> Fleet {
     Fleet::start(name, 3, pod_args, |s| s.poll_interval_ms = POLL_MS).expect("fleet starts")
+}
+
+/// Concurrent open-loop load (requests always in flight, some on the pod that dies): a
+/// kill -9 costs no request that had not started answering. Non-streaming answers start
+/// only when complete, so Envoy retries every one caught by the kill on a fallback.
+#[test]
+fn a_pod_killed_under_concurrent_load_costs_no_request() {
+    // ~40 ms per request: at 40 req/s, one or two are in flight at any moment
+    let slow = [
+        "--sim-ttft-base-ms",
+        "30",
+        "--sim-prefill-us-per-token",
+        "20",
+        "--sim-decode-ms-per-token",
+        "5",
+    ];
+    let mut f = fleet("kill-under-load", &slow);
+    f.wait_polled(&f.envoy).unwrap();
+    let load = Load::start(f.envoy.url("/v1/completions"), 40.0, |i| {
+        (prompt(&format!("group {}", i % 6)), false)
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    f.pods[0].proc.kill();
+    let killed_at = load.now();
+    std::thread::sleep(Duration::from_secs(3));
+    let outcomes = load.finish();
+    let failures: Vec<&String> = outcomes.iter().filter_map(|o| o.failure.as_ref()).collect();
+    assert!(
+        failures.is_empty(),
+        "{} of {} failed: {failures:?}",
+        failures.len(),
+        outcomes.len()
+    );
+    assert!(
+        outcomes.iter().filter(|o| o.sent_s > killed_at).count() > 60,
+        "the load went on after the kill"
+    );
+    eprintln!(
+        "{} requests, {} in flight at the kill, none failed",
+        outcomes.len(),
+        in_flight_at(&outcomes, killed_at)
+    );
 }
 
 #[test]
