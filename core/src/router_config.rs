@@ -55,6 +55,10 @@ pub struct RouterConfig {
     /// Follow the members of an Envoy cluster (STATIC, STRICT_DNS, EDS) instead of `pods`.
     #[serde(default)]
     pub discovery: Option<Discovery>,
+    /// Where the model's tokenizer (and chat template) comes from at run time; without it the
+    /// filter uses the one built into it.
+    #[serde(default)]
+    pub tokenizer: Option<TokenizerSource>,
     /// Prefix-cache block size in tokens; must equal the servers' `--block-size`.
     #[serde(default)]
     pub block_size: BlockSize,
@@ -100,6 +104,46 @@ pub struct Discovery {
     /// A cluster that reaches Envoy's admin interface (`127.0.0.1:<admin port>`).
     #[serde(default = "default_admin_cluster")]
     pub admin_cluster: String,
+}
+
+/// The tokenizer fetched over HTTP through an Envoy cluster when the filter starts (each worker
+/// VM fetches its own copy; until it has one, requests are balanced by load). The cluster can
+/// be Envoy itself serving local files (what `render-envoy-config --tokenizer-dir` writes), a
+/// model registry, or any HTTP server holding a Hugging Face model directory.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenizerSource {
+    /// The Envoy cluster to fetch from.
+    pub cluster: String,
+    /// Path of `tokenizer.json`.
+    #[serde(default = "default_tokenizer_path")]
+    pub path: String,
+    /// Path of `tokenizer_config.json` (the chat template, BOS/EOS tokens); `null` for none.
+    #[serde(default = "default_tokenizer_config_path")]
+    pub config_path: Option<String>,
+    /// `:authority` of the requests (the cluster's virtual host).
+    #[serde(default = "default_tokenizer_authority")]
+    pub authority: String,
+    /// Timeout of each fetch; a failed fetch is retried with a growing delay (up to 30 s).
+    #[serde(default = "default_tokenizer_timeout_ms")]
+    pub timeout_ms: u64,
+}
+
+/// Largest tokenizer file the filter accepts (the biggest Hugging Face `tokenizer.json`s are
+/// tens of MB).
+pub const MAX_TOKENIZER_BYTES: usize = 64 * 1024 * 1024;
+
+fn default_tokenizer_path() -> String {
+    "/tokenizer.json".to_owned()
+}
+fn default_tokenizer_config_path() -> Option<String> {
+    Some("/tokenizer_config.json".to_owned())
+}
+fn default_tokenizer_authority() -> String {
+    "prefix-router-assets".to_owned()
+}
+fn default_tokenizer_timeout_ms() -> u64 {
+    10_000
 }
 
 fn default_pods_cluster() -> String {
@@ -186,6 +230,25 @@ impl RouterConfig {
                 ));
             }
         }
+        if let Some(t) = &self.tokenizer {
+            if t.cluster.is_empty() {
+                return Err(err("tokenizer.cluster", "must not be empty"));
+            }
+            for (field, path) in [
+                ("tokenizer.path", Some(&t.path)),
+                ("tokenizer.config_path", t.config_path.as_ref()),
+            ] {
+                if path.is_some_and(|p| !p.starts_with('/')) {
+                    return Err(err(field, "must be an absolute path (/…)"));
+                }
+            }
+            if !(100..=600_000).contains(&t.timeout_ms) {
+                return Err(err(
+                    "tokenizer.timeout_ms",
+                    "must be between 100 and 600000",
+                ));
+            }
+        }
         if self.block_size.get() > 65_536 {
             return Err(err("block_size", "must be between 1 and 65536"));
         }
@@ -252,6 +315,14 @@ mod tests {
         assert_eq!(c.policy, Policy::LeastLoaded);
         assert_eq!(c.weights.prefix, 3.0);
         assert_eq!(c.weights.inflight, 1.0);
+        let t = RouterConfig::parse(br#"{"pods":["1.2.3.4:5"],"tokenizer":{"cluster":"assets"}}"#)
+            .unwrap()
+            .tokenizer
+            .unwrap();
+        assert_eq!(
+            (t.path.as_str(), t.config_path.as_deref(), t.timeout_ms),
+            ("/tokenizer.json", Some("/tokenizer_config.json"), 10_000)
+        );
         let c = RouterConfig::parse(br#"{"discovery":{}}"#).unwrap();
         let d = c.discovery.unwrap();
         assert_eq!(
@@ -309,6 +380,19 @@ mod tests {
             (r#"{"discovery":{"cluster":""}}"#, "discovery.cluster"),
             (r#"{"discovery":{"admin":"x"}}"#, "discovery.admin"),
             (r#"{"discovery":{},"poll_interval_ms":0}"#, "discovery"),
+            (r#"{"pods":["1.2.3.4:5"],"tokenizer":{}}"#, "tokenizer"),
+            (
+                r#"{"pods":["1.2.3.4:5"],"tokenizer":{"cluster":""}}"#,
+                "tokenizer.cluster",
+            ),
+            (
+                r#"{"pods":["1.2.3.4:5"],"tokenizer":{"cluster":"a","path":"t.json"}}"#,
+                "tokenizer.path",
+            ),
+            (
+                r#"{"pods":["1.2.3.4:5"],"tokenizer":{"cluster":"a","timeout_ms":5}}"#,
+                "tokenizer.timeout_ms",
+            ),
         ] {
             let e = RouterConfig::parse(json.as_bytes()).unwrap_err();
             assert_eq!(e.field, field, "{json}: {e}");

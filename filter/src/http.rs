@@ -519,7 +519,7 @@ mod tests {
         // the debug header names the chosen pod, the destination header lists fallbacks after it
         let chosen = h(debug::POD).unwrap();
         assert!(s.destination().unwrap().starts_with(&format!("{chosen},")));
-        let hashes = f.1.bundle.as_ref().unwrap();
+        let hashes = f.1.bundle.get().unwrap();
         let req =
             prefix_core::request::parse_request(Endpoint::Completions, br#"{"prompt":"abcdefgh"}"#)
                 .unwrap();

@@ -15,7 +15,8 @@
 //! In request order:
 //!
 //! - [`root`]: the root context (one per worker VM): configuration, tokenizer, ticks.
-//! - [`tokenizer`]: the model's tokenizer and chat template, embedded at build time.
+//! - [`tokenizer`]: the model's tokenizer and chat template, embedded at build time;
+//!   [`model_fetch`]: or fetched at run time through an Envoy cluster (`tokenizer` config).
 //! - [`http`]: the HTTP context (one per stream): scrub, buffer, route, debug headers,
 //!   release.
 //! - [`router`]: body → prompt → block hashes → fleet view → decision → table record.
@@ -35,6 +36,7 @@ pub mod host;
 pub mod http;
 pub mod members;
 pub mod metrics;
+pub mod model_fetch;
 pub mod ownership;
 pub mod pods;
 pub mod poller;

@@ -50,6 +50,8 @@ pub struct Metrics<H: Host> {
     polls_failed: Id,
     members: Id,
     membership_changes: Id,
+    tokenizer_loaded: Id,
+    tokenizer_failures: Id,
     /// per pod address, defined as pods first appear
     pods: RefCell<HashMap<String, PodIds>>,
 }
@@ -87,6 +89,8 @@ impl<H: Host> Metrics<H> {
             polls_failed: def(Counter, "prefix_router_polls_failed"),
             members: def(Gauge, "prefix_router_members"),
             membership_changes: def(Counter, "prefix_router_membership_changes"),
+            tokenizer_loaded: def(Gauge, "prefix_router_tokenizer_loaded"),
+            tokenizer_failures: def(Counter, "prefix_router_tokenizer_load_failures"),
             pods: RefCell::default(),
             host,
         }
@@ -210,6 +214,16 @@ impl<H: Host> Metrics<H> {
             }
             p.member = member;
         }
+    }
+
+    /// Whether this VM has its tokenizer (1) or balances by load until it does (0).
+    pub fn tokenizer_loaded(&self, loaded: bool) {
+        self.set(self.tokenizer_loaded, u64::from(loaded));
+    }
+
+    /// A fetch of the tokenizer failed (it is retried).
+    pub fn tokenizer_failed(&self) {
+        self.inc(self.tokenizer_failures, 1);
     }
 
     /// The poller stored a new member list.

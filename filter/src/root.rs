@@ -5,6 +5,7 @@
 use crate::host::{EnvoyHost, Host, Level};
 use crate::http::RouterHttp;
 use crate::metrics::Metrics;
+use crate::model_fetch::ModelFetch;
 use crate::pods::Inflight;
 use crate::poller::Poller;
 use crate::router::Router;
@@ -15,11 +16,15 @@ use proxy_wasm::types::ContextType;
 use std::rc::Rc;
 use std::time::Duration;
 
+/// Tick period while a tokenizer is to be fetched and polling is off.
+const TOKENIZER_TICK_MS: u64 = 1_000;
+
 pub struct RouterRoot<H: Host> {
     pub host: Rc<H>,
     pub router: Option<Rc<Router>>,
     pub metrics: Option<Rc<Metrics<H>>>,
     poller: Poller,
+    fetch: ModelFetch,
     vm_id: u64,
 }
 
@@ -30,6 +35,7 @@ impl<H: Host> RouterRoot<H> {
             router: None,
             metrics: None,
             poller: Poller::default(),
+            fetch: ModelFetch::default(),
             vm_id,
         }
     }
@@ -47,17 +53,30 @@ impl<H: Host> RouterRoot<H> {
             }
         };
         let started = host.now_nanos();
-        let bundle = embedded_bundle(&config).map_err(|e| {
-            host.log(
-                Level::Error,
-                &format!("prefix-router: tokenizer unusable, failing open: {e}"),
-            )
-        });
+        // a tokenizer from the configuration replaces the built-in one: it is fetched on the
+        // first tick, and requests are balanced by load until it is there
+        let bundle = match &config.tokenizer {
+            Some(_) => Err(()),
+            None => embedded_bundle(&config).map_err(|e| {
+                host.log(
+                    Level::Error,
+                    &format!("prefix-router: tokenizer unusable, failing open: {e}"),
+                )
+            }),
+        };
         let took_ms = host.now_nanos().saturating_sub(started) / 1_000_000;
+        let tokenizer = match (&config.tokenizer, &bundle) {
+            (Some(src), _) => format!(
+                "tokenizer to be fetched from cluster '{}' ({}), balancing by load until then",
+                src.cluster, src.path
+            ),
+            (None, Ok(_)) => format!("built-in tokenizer loaded in {took_ms} ms"),
+            (None, Err(_)) => "built-in tokenizer MISSING (failing open)".to_owned(),
+        };
         host.log(
             Level::Info,
             &format!(
-                "prefix-router: configured {} pods{}, policy {:?}, block size {}, model '{}', table {} entries, poll every {} ms; tokenizer {} in {took_ms} ms",
+                "prefix-router: configured {} pods{}, policy {:?}, block size {}, model '{}', table {} entries, poll every {} ms; {tokenizer}",
                 config.pods.len(),
                 config.discovery.as_ref().map_or(String::new(), |d| format!(
                     " (then the members of cluster '{}', from Envoy's admin through '{}')",
@@ -68,14 +87,19 @@ impl<H: Host> RouterRoot<H> {
                 config.model_name,
                 config.table_capacity,
                 config.poll_interval_ms,
-                if bundle.is_ok() { "loaded" } else { "MISSING (failing open)" },
             ),
         );
-        if config.poll_interval_ms > 0 {
-            host.set_tick_period(Duration::from_millis(config.poll_interval_ms));
+        // ticks drive the polls, and the tokenizer fetch even when polling is off
+        let tick_ms = match (config.poll_interval_ms, &config.tokenizer) {
+            (0, Some(_)) => TOKENIZER_TICK_MS,
+            (ms, _) => ms,
+        };
+        if tick_ms > 0 {
+            host.set_tick_period(Duration::from_millis(tick_ms));
         }
         let metrics = Metrics::define(Rc::clone(host), &config.model_name);
         metrics.define_pods(&config.pods);
+        metrics.tokenizer_loaded(bundle.is_ok());
         self.metrics = Some(Rc::new(metrics));
         let router = Router::new(config, bundle.ok(), self.vm_id);
         Inflight::create(&**host, &router.inflight_key, router.config.pods.len());
@@ -85,14 +109,23 @@ impl<H: Host> RouterRoot<H> {
 
     pub fn tick(&self) {
         if let (Some(router), Some(metrics)) = (&self.router, &self.metrics) {
-            self.poller.tick(&*self.host, router, metrics, self.vm_id);
+            self.fetch.tick(&*self.host, router, metrics);
+            if router.config.poll_interval_ms > 0 {
+                self.poller.tick(&*self.host, router, metrics, self.vm_id);
+            }
         }
     }
 
     pub fn call_answered(&self, token: u32, body_size: usize) {
         if let (Some(router), Some(metrics)) = (&self.router, &self.metrics) {
-            self.poller
-                .on_response(&*self.host, router, metrics, token, body_size);
+            let host = &*self.host;
+            if !self
+                .fetch
+                .on_response(host, router, metrics, token, body_size)
+            {
+                self.poller
+                    .on_response(host, router, metrics, token, body_size);
+            }
         }
     }
 
@@ -425,6 +458,60 @@ mod tests {
         ctx.log();
         root.host
             .header(crate::host::Headers::Request, headers::DESTINATION)
+    }
+
+    #[test]
+    fn a_tokenizer_from_the_configuration_is_fetched_then_routes() {
+        let root = configured(
+            r#","block_size":4,"model_name":"m","poll_interval_ms":0,"debug_headers":true,"tokenizer":{"cluster":"assets","config_path":null}"#,
+        );
+        let host = &root.host;
+        let router = root.router.as_ref().unwrap();
+        assert!(router.bundle.get().is_none(), "not built in");
+        assert_eq!(
+            host.tick.get(),
+            Some(Duration::from_millis(1000)),
+            "ticks to fetch"
+        );
+        assert_eq!(host.metric("prefix_router_tokenizer_loaded"), 0);
+        let prompt = "a prompt long enough for several four-token blocks";
+        let fallback = || host.metric("prefix_router_decisions.fallback.m");
+        assert!(route_one(&root, prompt).is_some(), "balanced by load");
+        assert_eq!(fallback(), 1);
+        // the first tick asks for tokenizer.json; a 404 is logged, counted, retried later
+        root.tick();
+        let calls = host.take_calls();
+        assert_eq!(
+            calls.len(),
+            1,
+            "no chat template asked for (config_path null)"
+        );
+        assert_eq!(
+            (calls[0].cluster.as_str(), calls[0].header(":path")),
+            ("assets", Some("/tokenizer.json"))
+        );
+        answer(&root, &calls[0], "404", &json!({}));
+        assert_eq!(host.metric("prefix_router_tokenizer_load_failures"), 1);
+        assert_eq!(host.logged("answered 404"), 1, "{:?}", host.logs.borrow());
+        root.tick();
+        assert!(host.take_calls().is_empty(), "the retry waits");
+        host.clock.set(host.clock.get() + 2_000_000_000);
+        root.tick();
+        let calls = host.take_calls();
+        assert_eq!(calls.len(), 1, "retried");
+        let json = crate::testing::tiny_tokenizer_json().into_bytes();
+        let len = json.len();
+        *host.call_answer.borrow_mut() = Some(("200".to_owned(), json));
+        root.call_answered(calls[0].token, len);
+        assert!(router.bundle.get().is_some());
+        assert_eq!(host.metric("prefix_router_tokenizer_loaded"), 1);
+        assert_eq!(host.logged("loaded from cluster 'assets'"), 1);
+        // routed by prefix from now on; no more fetches
+        route_one(&root, prompt);
+        assert_eq!(fallback(), 1);
+        assert_eq!(host.metric("prefix_router_decisions.cold.m"), 1);
+        root.tick();
+        assert!(host.take_calls().is_empty());
     }
 
     #[test]

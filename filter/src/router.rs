@@ -13,7 +13,7 @@ use prefix_core::request::{parse_request, Endpoint};
 use prefix_core::router_config::RouterConfig;
 use prefix_core::table::{Entry, TableLayout};
 use prefix_core::{ApiError, BlockHash, ModelBundle};
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, OnceCell, RefCell};
 use std::rc::Rc;
 
 /// With polling off (`poll_interval_ms: 0`), how long a pod that refused a connection is
@@ -23,8 +23,10 @@ pub const RETRY_REFUSED_NS: u64 = 5_000_000_000;
 /// Everything a worker's requests share: built once per VM in `on_configure`.
 pub struct Router {
     pub config: RouterConfig,
-    /// `None` when the tokenizer failed to load: every request then fails open.
-    pub bundle: Option<ModelBundle>,
+    /// The tokenizer and chat template: set once, at configure (built in) or when the fetch
+    /// from `config.tokenizer` completes. Empty until then, or when it failed to load: every
+    /// request is then balanced by load (reason `fallback`).
+    pub bundle: OnceCell<ModelBundle>,
     pub layout: TableLayout,
     pub keys: Keys,
     /// The key every pod-state (and membership) write bumps.
@@ -98,7 +100,7 @@ impl Router {
             states: RefCell::new(None),
             keys,
             config,
-            bundle,
+            bundle: bundle.map(OnceCell::from).unwrap_or_default(),
             layout,
             counter: Cell::new(seed),
             rng: Cell::new(seed | 1),
@@ -243,7 +245,7 @@ impl Router {
                 prepare_us: 0,
             })
         };
-        let Some(bundle) = &self.bundle else {
+        let Some(bundle) = self.bundle.get() else {
             return Ok(fallback(self));
         };
         let started = store.now_nanos();

@@ -4,8 +4,9 @@ use crate::router::Router;
 use prefix_core::router_config::RouterConfig;
 use prefix_core::{BlockSize, ModelBundle};
 
-/// A byte-level tokenizer good enough for routing tests: each character is a token.
-pub fn tiny_bundle(block: u32) -> ModelBundle {
+/// `tokenizer.json` of a byte-level tokenizer good enough for routing tests: each character
+/// is a token.
+pub fn tiny_tokenizer_json() -> String {
     let vocab: serde_json::Map<String, serde_json::Value> = (0u8..=255)
         .map(|b| (String::from(b as char), serde_json::json!(b)))
         .collect();
@@ -17,9 +18,14 @@ pub fn tiny_bundle(block: u32) -> ModelBundle {
         "post_processor": null, "decoder": null,
         "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "?"}
     });
+    tok.to_string()
+}
+
+/// A bundle of [`tiny_tokenizer_json`].
+pub fn tiny_bundle(block: u32) -> ModelBundle {
     ModelBundle::new(
         "m",
-        tok.to_string().as_bytes(),
+        tiny_tokenizer_json().as_bytes(),
         None,
         BlockSize::new(block).unwrap(),
     )

@@ -30,6 +30,11 @@ pub struct EnvoySettings {
     pub listen_port: u16,
     /// A listener serving only `/stats/prometheus` and `/ready` from the admin.
     pub stats_port: Option<u16>,
+    /// A Hugging Face–style model directory (`tokenizer.json`, optional
+    /// `tokenizer_config.json`) that Envoy serves on `assets_port` (loopback) for the filter
+    /// to fetch at start, instead of the tokenizer built into the .wasm.
+    pub tokenizer_dir: Option<PathBuf>,
+    pub assets_port: u16,
     pub admin_port: u16,
     /// `ip:port` of every pod the filter knows (plugin configuration).
     pub pods: Vec<String>,
@@ -64,6 +69,8 @@ impl EnvoySettings {
             listen_address: "127.0.0.1".into(),
             listen_port,
             stats_port: None,
+            tokenizer_dir: None,
+            assets_port: 9903,
             admin_port,
             pods,
             members: None,
@@ -99,6 +106,14 @@ impl EnvoySettings {
             "poll_interval_ms": self.poll_interval_ms,
         });
         if let Some(obj) = v.as_object_mut() {
+            if let Some(dir) = &self.tokenizer_dir {
+                let cfg = dir.join("tokenizer_config.json").is_file();
+                obj.insert(
+                    "tokenizer".into(),
+                    json!({"cluster": ASSETS_CLUSTER,
+                           "config_path": cfg.then_some("/tokenizer_config.json")}),
+                );
+            }
             if self.membership != Membership::Static {
                 obj.insert("discovery".into(), json!({}));
             }
@@ -107,6 +122,9 @@ impl EnvoySettings {
         v.to_string()
     }
 }
+
+/// The cluster (and loopback listener) through which Envoy serves the tokenizer files.
+pub const ASSETS_CLUSTER: &str = "prefix_router_assets";
 
 /// The Envoy template's name in [`crate::paths::envoy_template_dir`].
 pub const TEMPLATE: &str = "envoy.yaml.j2";
@@ -157,6 +175,21 @@ pub fn render_unchecked(settings: &EnvoySettings, template_dir: &Path) -> anyhow
             p.parent().map(|d| d.display().to_string()),
         ),
     };
+    let (tokenizer_json, tokenizer_config) = match &settings.tokenizer_dir {
+        Some(dir) => {
+            let dir = std::path::absolute(dir)?;
+            let json = dir.join("tokenizer.json");
+            if !json.is_file() {
+                anyhow::bail!("no tokenizer.json in {}", dir.display());
+            }
+            let cfg = dir.join("tokenizer_config.json");
+            (
+                Some(json.display().to_string()),
+                cfg.is_file().then(|| cfg.display().to_string()),
+            )
+        }
+        None => (None, None),
+    };
     let mut env = minijinja::Environment::new();
     env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
     env.add_template(TEMPLATE, &template)?;
@@ -175,6 +208,10 @@ pub fn render_unchecked(settings: &EnvoySettings, template_dir: &Path) -> anyhow
         "eds_dir": eds_dir,
         "dns_refresh": settings.dns_refresh,
         "stats_tags": prefix_core::protocol::stats::STATS_TAGS,
+        "tokenizer_json": tokenizer_json,
+        "tokenizer_config": tokenizer_config,
+        "assets_port": settings.assets_port,
+        "max_tokenizer_bytes": prefix_core::router_config::MAX_TOKENIZER_BYTES,
         // the chosen pod, each fallback, then one try by plain balancing
         "num_retries": MAX_FALLBACKS + 1,
     }))?;

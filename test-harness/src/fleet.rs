@@ -66,6 +66,16 @@ impl Answer {
 }
 
 impl Fleet {
+    /// A fleet of pods and an Envoy started by hand (e.g. with EDS membership).
+    pub fn of(pods: Vec<Pod>, envoy: Envoy, dir: PathBuf) -> Fleet {
+        Fleet {
+            pods,
+            envoy,
+            http: client(),
+            dir,
+        }
+    }
+
     /// `n` pods with `pod_args`, one Envoy with the filter, tweaked by `tweak`.
     pub fn start(
         name: &str,

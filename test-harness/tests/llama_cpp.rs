@@ -26,12 +26,8 @@ const CACHED_BY_POD: &str = "sum by (instance) (llamacpp:prompt_tokens_cached_to
 /// Prompt tokens a server computed (not reused): rises on every server that served a request.
 const COMPUTED: &str = "llamacpp:prompt_tokens_total";
 
-const RUNBOOK: &str = "You are the incident commander's assistant for a production Kubernetes platform. \
-When an alert fires, first identify the service, namespace and cluster, then check whether a deployment, \
-config change or node drain happened in the last two hours. Compare current error rate and p99 latency \
-with the same window last week. If a recent rollout correlates with the regression, propose a rollback \
-with the exact command and the owner who must approve it. Never delete persistent volumes or restart \
-stateful sets without a verified snapshot. Report in four lines: impact, probable cause, next action, owner. ";
+/// The seed scenario's runbook lead-in (longer than one 128-token block).
+const RUNBOOK: &str = include_str!("../../test-data/incident-runbook.txt");
 
 fn runbook_prompt() -> String {
     format!("{RUNBOOK}\nAlert: checkout-api 5xx rate 12% in eu-west-1.")

@@ -9,7 +9,7 @@ use prefix_core::protocol::headers::debug;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::time::Duration;
-use test_harness::cluster::{client, pod_metric, run_dir, start_envoy, start_pods};
+use test_harness::cluster::{pod_metric, run_dir, start_envoy, start_pods};
 use test_harness::envoy_config::{write_eds, Membership};
 use test_harness::fleet::{Fleet, ZERO_COST};
 use test_harness::load::Load;
@@ -55,12 +55,7 @@ fn eds_members_join_and_leave_under_load_without_a_failed_request() {
         &dir,
     )
     .unwrap();
-    let f = Fleet {
-        pods,
-        envoy,
-        http: client(),
-        dir,
-    };
+    let f = Fleet::of(pods, envoy, dir);
     let members = |n: f64| {
         f.wait(Duration::from_secs(20), || {
             f.stat(&f.envoy, "prefix_router_members") == n
@@ -132,12 +127,7 @@ fn dns_named_pods_are_resolved_by_envoy_and_routed_by_prefix() {
         &dir,
     )
     .unwrap();
-    let f = Fleet {
-        pods,
-        envoy,
-        http: client(),
-        dir,
-    };
+    let f = Fleet::of(pods, envoy, dir);
     assert!(
         f.wait(Duration::from_secs(20), || {
             f.stat(&f.envoy, "prefix_router_members") == 3.0

@@ -10,12 +10,8 @@ use test_harness::prometheus::Prometheus;
 const HITS_BY_POD: &str = "sum by (pod) (vllm:prefix_cache_hits_total)";
 const QUERIES_TOTAL: &str = "sum(vllm:prefix_cache_queries_total)";
 
-const RUNBOOK: &str = "You are the incident commander's assistant for a production Kubernetes platform. \
-When an alert fires, first identify the service, namespace and cluster, then check whether a deployment, \
-config change or node drain happened in the last two hours. Compare current error rate and p99 latency \
-with the same window last week. If a recent rollout correlates with the regression, propose a rollback \
-with the exact command and the owner who must approve it. Never delete persistent volumes or restart \
-stateful sets without a verified snapshot. Report in four lines: impact, probable cause, next action, owner. ";
+/// The seed scenario's runbook lead-in (longer than one 128-token block).
+const RUNBOOK: &str = include_str!("../../test-data/incident-runbook.txt");
 
 #[test]
 fn seed_demo_through_prometheus() {

@@ -49,6 +49,15 @@ struct Args {
     /// The filter's .wasm (default: the release build).
     #[arg(long)]
     wasm: Option<PathBuf>,
+    /// Route for the model in this directory (`tokenizer.json`, optional
+    /// `tokenizer_config.json`, as on the Hugging Face hub): Envoy serves the files on
+    /// 127.0.0.1:--assets-port and the filter fetches them at start, instead of using the
+    /// tokenizer built into the .wasm.
+    #[arg(long)]
+    tokenizer_dir: Option<PathBuf>,
+    /// Loopback port on which Envoy serves the tokenizer files.
+    #[arg(long, default_value_t = 9903)]
+    assets_port: u16,
     /// Render Envoy without the filter (plain round-robin).
     #[arg(long)]
     no_filter: bool,
@@ -104,6 +113,8 @@ fn main() -> anyhow::Result<()> {
     s.poll_interval_ms = a.poll_interval_ms;
     s.listen_address = a.listen_address.to_string();
     s.stats_port = a.stats_port;
+    s.tokenizer_dir = a.tokenizer_dir;
+    s.assets_port = a.assets_port;
     let mut yaml = render(&s, &paths::envoy_template_dir())?;
     if let Some(name) = &a.configmap {
         yaml = configmap(name, &yaml)?;

@@ -1,0 +1,98 @@
+//! The tokenizer from configuration instead of the build: Envoy serves a model directory's
+//! `tokenizer.json` and `tokenizer_config.json` from local files, the filter fetches them when
+//! it starts and then routes by prefix with hashes equal to the pods'; a source that is broken
+//! costs no request (balanced by load, reason `fallback`, logged and counted).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use serde_json::{json, Value};
+use std::time::Duration;
+use test_harness::fleet::{Fleet, ZERO_COST};
+use test_harness::process::free_port;
+
+const RUNBOOK: &str = include_str!("../../test-data/runbook.txt");
+
+fn fleet(name: &str, dir: std::path::PathBuf) -> Fleet {
+    let assets = free_port().unwrap();
+    Fleet::start(name, 3, &ZERO_COST, |s| {
+        s.tokenizer_dir = Some(dir);
+        s.assets_port = assets;
+        s.poll_interval_ms = 200;
+    })
+    .unwrap()
+}
+
+fn chat() -> Value {
+    json!({"messages": [
+        {"role": "system", "content": RUNBOOK},
+        {"role": "user", "content": "The checkout API returns 502s in eu-west-1. Where do I start?"},
+    ], "max_tokens": 1})
+}
+
+#[test]
+fn a_tokenizer_served_by_envoy_is_fetched_and_routes_by_prefix() {
+    let f = fleet(
+        "tokenizer-fetched",
+        model_server::config::default_model_dir(),
+    );
+    // every worker VM fetches its own copy on its first tick; until then, by load
+    let routed = f.wait(Duration::from_secs(20), || {
+        (0..4).all(|i| {
+            let body = json!({"prompt": format!("warm-up {i} {RUNBOOK}"), "max_tokens": 1});
+            f.send("/v1/completions", &body, &[]).reason() != "fallback"
+        })
+    });
+    assert!(routed, "the filter never routed with the fetched tokenizer");
+    assert!(f.stat(&f.envoy, "prefix_router_tokenizer_loaded") == 1.0);
+    assert!(f
+        .envoy
+        .proc
+        .log_tail()
+        .contains("loaded from cluster 'prefix_router_assets'"));
+    // the chat template came too: the filter's hash of a chat prompt is the pod's
+    let first = f.send("/v1/chat/completions", &chat(), &[]);
+    assert_eq!(first.status, 200, "{}", first.body);
+    let t: Value = f
+        .http
+        .post(format!("http://{}/tokenize", f.pods[0].addr))
+        .json(&chat())
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let server_last = t["block_hashes"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(
+        json!(first.header("x-prefix-router-prefix-hash")),
+        server_last
+    );
+    let again = f.send("/v1/chat/completions", &chat(), &[]);
+    assert_eq!(
+        (again.reason(), again.pod.as_str()),
+        ("prefix-hit", first.pod.as_str())
+    );
+    assert!(again.cached() > 0);
+}
+
+#[test]
+fn a_broken_tokenizer_source_costs_no_request() {
+    let dir = test_harness::cluster::run_dir("broken-tokenizer");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), "{ this is not a tokenizer").unwrap();
+    let f = fleet("tokenizer-broken", dir);
+    // every worker VM tried, and failed
+    assert!(f.wait(Duration::from_secs(10), || f
+        .stat(&f.envoy, "prefix_router_tokenizer_load_failures")
+        >= 2.0));
+    for i in 0..6 {
+        let body = json!({"prompt": format!("{i} {RUNBOOK}"), "max_tokens": 1});
+        let a = f.send("/v1/completions", &body, &[]);
+        assert_eq!((a.status, a.reason()), (200, "fallback"), "{}", a.body);
+    }
+    assert_eq!(f.stat(&f.envoy, "prefix_router_tokenizer_loaded"), 0.0);
+    assert!(f.envoy.proc.log_tail().contains("not loaded (unusable"));
+}
