@@ -153,7 +153,12 @@ impl ModelBundle {
     pub fn prepare(&self, req: &InferenceRequest) -> Result<PreparedPrompt, ApiError> {
         self.check_model(req)?;
         let tokens = match &req.prompt {
-            PromptInput::Text(text) => self.encode(text)?,
+            PromptInput::Text(text) => self.tokenizer.encode_with_specials(text).map_err(|e| {
+                ApiError::invalid(
+                    format!("prompt could not be tokenized: {e}"),
+                    Some("prompt"),
+                )
+            })?,
             PromptInput::TokenIds(ids) => {
                 let vocab = self.tokenizer.vocab_size();
                 if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {

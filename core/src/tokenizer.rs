@@ -11,6 +11,59 @@ pub struct Tokenizer {
     /// `None` only when loaded for encoding alone and the fast path covers it.
     inner: Option<tokenizers::Tokenizer>,
     fast: Option<crate::fast_bpe::FastBpe>,
+    /// What the post-processor puts around a single sequence ("adding special tokens"):
+    /// Llama-3's `<|begin_of_text|>` before it, for example.
+    specials: Specials,
+}
+
+/// Ids a `TemplateProcessing` post-processor puts before and after a single sequence.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Specials {
+    pub before: Vec<u32>,
+    pub after: Vec<u32>,
+}
+
+impl Specials {
+    /// From a `tokenizer.json`'s `post_processor` (alone or inside a `Sequence`); none for
+    /// other post-processors (GPT-2's `ByteLevel` adds nothing).
+    pub fn from_json(json: &[u8]) -> Specials {
+        #[derive(serde::Deserialize)]
+        struct Doc {
+            #[serde(default)]
+            post_processor: serde_json::Value,
+        }
+        let Ok(doc) = serde_json::from_slice::<Doc>(json) else {
+            return Specials::default();
+        };
+        let pp = &doc.post_processor;
+        let template = match pp["type"].as_str() {
+            Some("TemplateProcessing") => pp,
+            Some("Sequence") => pp["processors"]
+                .as_array()
+                .and_then(|ps| ps.iter().find(|p| p["type"] == "TemplateProcessing"))
+                .unwrap_or(&serde_json::Value::Null),
+            _ => &serde_json::Value::Null,
+        };
+        let mut out = Specials::default();
+        let mut seen_sequence = false;
+        for item in template["single"].as_array().into_iter().flatten() {
+            if item.get("Sequence").is_some() {
+                seen_sequence = true;
+            } else if let Some(name) = item["SpecialToken"]["id"].as_str() {
+                let ids = template["special_tokens"][name]["ids"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()));
+                if seen_sequence {
+                    out.after.extend(ids);
+                } else {
+                    out.before.extend(ids);
+                }
+            }
+        }
+        out
+    }
 }
 
 /// The tokenizer could not be loaded or could not process input.
@@ -38,6 +91,7 @@ impl Tokenizer {
         Ok(Tokenizer {
             inner: Some(inner),
             fast,
+            specials: Specials::from_json(bytes),
         })
     }
 
@@ -48,6 +102,7 @@ impl Tokenizer {
             Some(fast) => Ok(Tokenizer {
                 inner: None,
                 fast: Some(fast),
+                specials: Specials::from_json(bytes),
             }),
             None => Self::from_json_bytes(bytes),
         }
@@ -82,6 +137,26 @@ impl Tokenizer {
             .encode_fast(text, false)
             .map(|enc| enc.get_ids().to_vec())
             .map_err(|e| TokenizerError(e.to_string()))
+    }
+
+    /// Token ids of a completion prompt as vLLM computes them (`add_special_tokens`, its
+    /// default for `/v1/completions`): [`Tokenizer::encode`] inside what the post-processor
+    /// adds, e.g. Llama-3's BOS. Chat prompts carry their special tokens in the rendered text.
+    pub fn encode_with_specials(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
+        let body = self.encode(text)?;
+        if self.specials == Specials::default() {
+            return Ok(body);
+        }
+        let mut out = Vec::with_capacity(body.len() + 2);
+        out.extend_from_slice(&self.specials.before);
+        out.extend(body);
+        out.extend_from_slice(&self.specials.after);
+        Ok(out)
+    }
+
+    /// What [`Tokenizer::encode_with_specials`] adds.
+    pub fn specials(&self) -> &Specials {
+        &self.specials
     }
 
     /// Text of `ids`, special tokens included.

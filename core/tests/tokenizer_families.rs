@@ -71,12 +71,74 @@ fn realistic_texts_match() {
 #[test]
 fn random_strings_match() {
     let alphabet = [
-        "a", "b", "Z", "q", " ", " ", " ", "  ", "\n", "\n\n", "\r", "\r\n", "\t", "0", "7",
-        "42", "123", "9999", "'", "'s", "'S", "'t", "'re", "'ll", "'D", "'ve", "'m", ".", ",",
-        "!", "?", "-", "_", "(", ")", "\"", "é", "e\u{301}", "A\u{30a}", "ß", "ж", "東", "京",
-        "ह", "ि", "\u{301}", "\u{1100}", "\u{1161}", "½", "²", "٣", "🚀", "👩\u{200d}💻",
-        "\u{a0}", "\u{2009}", "\u{3000}", "\u{200b}", "\u{85}", "<|im_start|>", "<|im_end|>",
-        "<|eot_id|>", "<|", "|>", "word", " word", "the", "ſ", "ﬁ",
+        "a",
+        "b",
+        "Z",
+        "q",
+        " ",
+        " ",
+        " ",
+        "  ",
+        "\n",
+        "\n\n",
+        "\r",
+        "\r\n",
+        "\t",
+        "0",
+        "7",
+        "42",
+        "123",
+        "9999",
+        "'",
+        "'s",
+        "'S",
+        "'t",
+        "'re",
+        "'ll",
+        "'D",
+        "'ve",
+        "'m",
+        ".",
+        ",",
+        "!",
+        "?",
+        "-",
+        "_",
+        "(",
+        ")",
+        "\"",
+        "é",
+        "e\u{301}",
+        "A\u{30a}",
+        "ß",
+        "ж",
+        "東",
+        "京",
+        "ह",
+        "ि",
+        "\u{301}",
+        "\u{1100}",
+        "\u{1161}",
+        "½",
+        "²",
+        "٣",
+        "🚀",
+        "👩\u{200d}💻",
+        "\u{a0}",
+        "\u{2009}",
+        "\u{3000}",
+        "\u{200b}",
+        "\u{85}",
+        "<|im_start|>",
+        "<|im_end|>",
+        "<|eot_id|>",
+        "<|",
+        "|>",
+        "word",
+        " word",
+        "the",
+        "ſ",
+        "ﬁ",
     ];
     for (i, f) in FAMILIES.into_iter().enumerate() {
         let t = tokenizer(f);
@@ -93,6 +155,30 @@ fn random_strings_match() {
                 .map(|_| alphabet[(next() % alphabet.len() as u64) as usize])
                 .collect();
             check(f, &t, &text);
+        }
+    }
+}
+
+/// Completion prompts get what the post-processor adds, as vLLM tokenizes them
+/// (`add_special_tokens`): Llama-3's BOS, nothing for Qwen2 and SmolLM2; equal to the
+/// `tokenizers` crate encoding with special tokens.
+#[test]
+fn completion_prompts_get_the_post_processor_specials() {
+    let bos = |f: &str| tokenizer(f).specials().clone();
+    assert_eq!(bos("llama-3.2").before, [128_000]);
+    assert!(bos("llama-3.2").after.is_empty());
+    assert_eq!(bos("qwen2.5"), Default::default());
+    for f in FAMILIES {
+        let repo = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+        let path = defaults::data_dir(repo)
+            .join("tokenizers")
+            .join(f)
+            .join("tokenizer.json");
+        let reference = tokenizers::Tokenizer::from_file(&path).unwrap();
+        let t = tokenizer(f);
+        for text in TEXTS {
+            let want = reference.encode(text, true).unwrap().get_ids().to_vec();
+            assert_eq!(t.encode_with_specials(text).unwrap(), want, "{f}: {text:?}");
         }
     }
 }
