@@ -60,7 +60,12 @@ impl Load {
                             Ok(_) => Some("stream cut".to_owned()),
                             Err(e) => Some(format!("body: {e}")),
                         },
-                        Ok(r) => Some(format!("status {}", r.status())),
+                        Ok(r) => {
+                            let status = r.status();
+                            let body = r.text().unwrap_or_default();
+                            let body: String = body.chars().take(300).collect();
+                            Some(format!("status {status}: {body}"))
+                        }
                         Err(e) => Some(format!("{e}")),
                     };
                     let done_s = start.elapsed().as_secs_f64();
