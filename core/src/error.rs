@@ -4,6 +4,9 @@
 
 use serde::Serialize;
 
+/// `code` of [`ApiError::unrenderable`].
+pub const UNRENDERABLE: &str = "prompt_not_renderable";
+
 /// A client-facing error with its HTTP status.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{status} {kind}: {message}")]
@@ -39,6 +42,21 @@ impl ApiError {
             param: param.map(str::to_owned),
             code: None,
         }
+    }
+
+    /// 400 for a request whose prompt cannot be rendered with the chat template (or
+    /// tokenized). The server answers it; the filter instead routes the request by load and
+    /// lets the pod decide, since the pod's renderer may accept what this one does not.
+    pub fn unrenderable(message: impl Into<String>, param: Option<&str>) -> Self {
+        ApiError {
+            code: Some(UNRENDERABLE),
+            ..ApiError::invalid(message, param)
+        }
+    }
+
+    /// See [`ApiError::unrenderable`].
+    pub fn is_unrenderable(&self) -> bool {
+        self.code == Some(UNRENDERABLE)
     }
 
     /// 404: the model (or route) does not exist here.

@@ -152,7 +152,29 @@ impl ModelBundle {
     /// Renders and tokenizes the prompt and hashes its full blocks.
     pub fn prepare(&self, req: &InferenceRequest) -> Result<PreparedPrompt, ApiError> {
         self.check_model(req)?;
-        let tokens = match &req.prompt {
+        let tokens = self.tokens(&req.prompt, req)?;
+        // non-text parts are not in the rendered text: they seed the hashes, so a prompt
+        // with the same image hashes alike and one with another image does not
+        let salt = match (req.cache_salt.as_deref(), req.media.is_empty()) {
+            (salt, true) => salt.map(str::to_owned),
+            (salt, false) => Some(format!(
+                "{}\u{0}media:{}",
+                salt.unwrap_or(""),
+                req.media.join("\u{0}")
+            )),
+        };
+        let root = root_hash(&self.name, salt.as_deref());
+        let hashes = block_hashes(root, &tokens, self.block_size);
+        Ok(PreparedPrompt { tokens, hashes })
+    }
+
+    /// The prompt's tokens (a batch's first prompt's: it is routed on that one).
+    fn tokens(&self, prompt: &PromptInput, req: &InferenceRequest) -> Result<Vec<u32>, ApiError> {
+        Ok(match prompt {
+            PromptInput::Batch(prompts) => match prompts.first() {
+                Some(first) => self.tokens(first, req)?,
+                None => Vec::new(),
+            },
             PromptInput::Text(text) => self.tokenizer.encode_with_specials(text).map_err(|e| {
                 ApiError::invalid(
                     format!("prompt could not be tokenized: {e}"),
@@ -171,30 +193,27 @@ impl ModelBundle {
             }
             PromptInput::Chat(messages) => {
                 let template = self.template.as_ref().ok_or_else(|| {
-                    ApiError::invalid(
+                    ApiError::unrenderable(
                         "this model has no chat template; use /v1/completions",
                         Some("messages"),
                     )
                 })?;
-                self.encode(&template.render(messages)?)?
+                self.encode(&template.render(messages, &req.chat)?)?
             }
-        };
-        let root = root_hash(&self.name, req.cache_salt.as_deref());
-        let hashes = block_hashes(root, &tokens, self.block_size);
-        Ok(PreparedPrompt { tokens, hashes })
+        })
     }
 
     /// The rendered text of a chat request (for debugging and for engines that want text).
     pub fn render_chat(&self, req: &InferenceRequest) -> Result<Option<String>, ApiError> {
         match (&req.prompt, &self.template) {
-            (PromptInput::Chat(m), Some(t)) => t.render(m).map(Some),
+            (PromptInput::Chat(m), Some(t)) => t.render(m, &req.chat).map(Some),
             _ => Ok(None),
         }
     }
 
     fn encode(&self, text: &str) -> Result<Vec<u32>, ApiError> {
         self.tokenizer.encode(text).map_err(|e| {
-            ApiError::invalid(
+            ApiError::unrenderable(
                 format!("prompt could not be tokenized: {e}"),
                 Some("prompt"),
             )

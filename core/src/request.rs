@@ -26,11 +26,32 @@ impl Endpoint {
     }
 }
 
-/// One chat message, content already flattened to text.
+/// One chat message as the chat template sees it: the client's message object as sent
+/// (`role`, `content`, `tool_calls`, `tool_call_id`, `name`, …), with a content-part array
+/// flattened the way vLLM does for templates that take string content: the text parts joined
+/// with "\n"; other parts (images, audio, video, files) are left out of the text and kept in
+/// the request's [`InferenceRequest::media`].
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct ChatMessage {
-    pub role: String,
-    pub content: String,
+#[serde(transparent)]
+pub struct ChatMessage(pub Map<String, Value>);
+
+impl ChatMessage {
+    /// A plain text message.
+    pub fn text(role: &str, content: &str) -> ChatMessage {
+        let mut m = Map::new();
+        m.insert("role".into(), Value::from(role));
+        m.insert("content".into(), Value::from(content));
+        ChatMessage(m)
+    }
+
+    pub fn role(&self) -> &str {
+        self.0.get("role").and_then(Value::as_str).unwrap_or("")
+    }
+
+    /// The text content; `None` when absent or `null` (an assistant turn of tool calls).
+    pub fn content(&self) -> Option<&str> {
+        self.0.get("content").and_then(Value::as_str)
+    }
 }
 
 /// The prompt as the client gave it.
@@ -40,8 +61,25 @@ pub enum PromptInput {
     Text(String),
     /// Completions `prompt` as an array of token ids (already tokenized by the client).
     TokenIds(Vec<u32>),
+    /// Completions `prompt` as several prompts (strings or token-id arrays), which vLLM
+    /// answers with one choice each; routed on the first.
+    Batch(Vec<PromptInput>),
     /// Chat `messages`, rendered later with the model's chat template.
     Chat(Vec<ChatMessage>),
+}
+
+/// What a chat request gives the chat template besides its messages (vLLM's request
+/// fields of the same names).
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct ChatOptions {
+    /// `tools`, passed to the template as `tools`.
+    pub tools: Option<Value>,
+    /// Close the prompt with the assistant's turn header (default true).
+    pub add_generation_prompt: bool,
+    /// Leave the final (assistant) message open, for the model to continue it.
+    pub continue_final_message: bool,
+    /// `chat_template_kwargs`: extra template variables (e.g. `enable_thinking`).
+    pub kwargs: Map<String, Value>,
 }
 
 /// The fields of a request that routing and serving need.
@@ -50,6 +88,12 @@ pub struct InferenceRequest {
     pub endpoint: Endpoint,
     pub model: Option<String>,
     pub prompt: PromptInput,
+    /// Chat template options (defaults for completions).
+    pub chat: ChatOptions,
+    /// The non-text content parts of a chat (each part's JSON, in order): they are not in
+    /// the rendered text, so they seed the block hashes, and the same image sent again
+    /// lands where it was computed.
+    pub media: Vec<String>,
     pub cache_salt: Option<String>,
     pub stream: bool,
     pub max_tokens: Option<u32>,
@@ -85,15 +129,21 @@ pub fn parse_request(endpoint: Endpoint, body: &[u8]) -> Result<InferenceRequest
         ));
     };
 
-    let prompt = match endpoint {
-        Endpoint::Completions => parse_prompt(&obj)?,
-        Endpoint::ChatCompletions => PromptInput::Chat(parse_messages(&obj)?),
+    let mut media = Vec::new();
+    let (prompt, chat) = match endpoint {
+        Endpoint::Completions => (parse_prompt(&obj)?, ChatOptions::default()),
+        Endpoint::ChatCompletions => (
+            PromptInput::Chat(parse_messages(&obj, &mut media)?),
+            parse_chat_options(&obj)?,
+        ),
     };
 
     Ok(InferenceRequest {
         endpoint,
         model: opt_string(&obj, "model")?,
         prompt,
+        chat,
+        media,
         cache_salt: opt_string(&obj, "cache_salt")?,
         stream: opt_bool(&obj, "stream")?.unwrap_or(false),
         max_tokens: parse_max_tokens(&obj)?,
@@ -128,17 +178,25 @@ fn parse_prompt(obj: &Map<String, Value>) -> Result<PromptInput, ApiError> {
                 }
                 return Ok(PromptInput::Text(s.clone()));
             }
-            let ids = items
+            if let Some(ids) = token_ids(items) {
+                return Ok(PromptInput::TokenIds(ids));
+            }
+            // several prompts: strings or arrays of token ids
+            let batch = items
                 .iter()
-                .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
-                .collect::<Option<Vec<u32>>>()
+                .map(|v| match v {
+                    Value::String(s) if !s.is_empty() => Some(PromptInput::Text(s.clone())),
+                    Value::Array(ids) if !ids.is_empty() => token_ids(ids).map(PromptInput::TokenIds),
+                    _ => None,
+                })
+                .collect::<Option<Vec<_>>>()
                 .ok_or_else(|| {
                     ApiError::invalid(
-                        "'prompt' must be a string, a one-element array of strings, or an array of token ids (batched prompts are not supported)",
+                        "'prompt' must be a string, an array of token ids, or an array of non-empty strings or token-id arrays",
                         Some("prompt"),
                     )
                 })?;
-            Ok(PromptInput::TokenIds(ids))
+            Ok(PromptInput::Batch(batch))
         }
         _ => Err(ApiError::invalid(
             "'prompt' must be a string or an array of token ids",
@@ -147,7 +205,52 @@ fn parse_prompt(obj: &Map<String, Value>) -> Result<PromptInput, ApiError> {
     }
 }
 
-fn parse_messages(obj: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError> {
+fn token_ids(items: &[Value]) -> Option<Vec<u32>> {
+    items
+        .iter()
+        .map(|v| v.as_u64().and_then(|n| u32::try_from(n).ok()))
+        .collect()
+}
+
+fn parse_chat_options(obj: &Map<String, Value>) -> Result<ChatOptions, ApiError> {
+    let add_generation_prompt = opt_bool(obj, "add_generation_prompt")?.unwrap_or(true);
+    let continue_final_message = opt_bool(obj, "continue_final_message")?.unwrap_or(false);
+    if add_generation_prompt && continue_final_message {
+        // as vLLM: the two contradict each other
+        return Err(ApiError::invalid(
+            "'continue_final_message' cannot be true while 'add_generation_prompt' is true",
+            Some("continue_final_message"),
+        ));
+    }
+    let tools = match obj.get("tools") {
+        None | Some(Value::Null) => None,
+        Some(v @ Value::Array(_)) => Some(v.clone()),
+        Some(_) => {
+            return Err(ApiError::invalid("'tools' must be an array", Some("tools")));
+        }
+    };
+    let kwargs = match obj.get("chat_template_kwargs") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(m)) => m.clone(),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "'chat_template_kwargs' must be an object",
+                Some("chat_template_kwargs"),
+            ));
+        }
+    };
+    Ok(ChatOptions {
+        tools,
+        add_generation_prompt,
+        continue_final_message,
+        kwargs,
+    })
+}
+
+fn parse_messages(
+    obj: &Map<String, Value>,
+    media: &mut Vec<String>,
+) -> Result<Vec<ChatMessage>, ApiError> {
     let m = obj
         .get("messages")
         .ok_or_else(|| ApiError::invalid("missing required field 'messages'", Some("messages")))?;
@@ -173,8 +276,8 @@ fn parse_messages(obj: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError
                     Some(&format!("messages[{i}]")),
                 ));
             };
-            let role = match msg.get("role") {
-                Some(Value::String(r)) if !r.is_empty() => r.clone(),
+            match msg.get("role") {
+                Some(Value::String(r)) if !r.is_empty() => {}
                 _ => {
                     return Err(ApiError::invalid(
                         format!("'messages[{i}].role' must be a non-empty string"),
@@ -182,30 +285,37 @@ fn parse_messages(obj: &Map<String, Value>) -> Result<Vec<ChatMessage>, ApiError
                     ))
                 }
             };
-            let content = flatten_content(msg.get("content")).ok_or_else(|| {
-                ApiError::invalid(
-                    format!("'messages[{i}].content' must be a string or an array of text parts"),
-                    Some(&format!("messages[{i}].content")),
-                )
-            })?;
-            Ok(ChatMessage { role, content })
+            let mut msg = msg.clone();
+            if let Some(content) = msg.get_mut("content") {
+                *content = flatten_content(content, media).ok_or_else(|| {
+                    ApiError::invalid(
+                        format!("'messages[{i}].content' must be a string, null, or an array of content parts (objects with a 'type')"),
+                        Some(&format!("messages[{i}].content")),
+                    )
+                })?;
+            }
+            Ok(ChatMessage(msg))
         })
         .collect()
 }
 
-/// String content, or OpenAI's array of `{"type":"text","text":...}` parts joined.
-fn flatten_content(v: Option<&Value>) -> Option<String> {
-    match v? {
-        Value::String(s) => Some(s.clone()),
+/// A message's content as the template gets it: a string or null as sent; an array of
+/// content parts becomes its text parts joined with "\n" (vLLM's string content format),
+/// its other parts going to `media`. `None` for anything else.
+fn flatten_content(v: &Value, media: &mut Vec<String>) -> Option<Value> {
+    match v {
+        Value::String(_) | Value::Null => Some(v.clone()),
         Value::Array(parts) => {
-            let mut out = String::new();
+            let mut texts = Vec::new();
             for part in parts {
                 match (part.get("type").and_then(Value::as_str), part.get("text")) {
-                    (Some("text"), Some(Value::String(t))) => out.push_str(t),
-                    _ => return None,
+                    (Some("text"), Some(Value::String(t))) => texts.push(t.as_str()),
+                    (Some("text"), _) => return None,
+                    (Some(_), _) => media.push(part.to_string()),
+                    (None, _) => return None,
                 }
             }
-            Some(out)
+            Some(Value::from(texts.join("\n")))
         }
         _ => None,
     }
@@ -335,14 +445,65 @@ mod tests {
         assert_eq!(
             r.prompt,
             PromptInput::Chat(vec![
-                ChatMessage {
-                    role: "system".into(),
-                    content: "s".into()
-                },
-                ChatMessage {
-                    role: "user".into(),
-                    content: "ab".into()
-                },
+                ChatMessage::text("system", "s"),
+                ChatMessage::text("user", "a\nb"),
+            ])
+        );
+        assert!(r.chat.add_generation_prompt && r.media.is_empty());
+    }
+
+    #[test]
+    fn chat_shapes_vllm_accepts() {
+        let r = parse_request(
+            Endpoint::ChatCompletions,
+            br#"{"messages":[
+                {"role":"user","content":[{"type":"text","text":"what is this?"},{"type":"image_url","image_url":{"url":"https://x/cat.png"}}]},
+                {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"look","arguments":"{}"}}]},
+                {"role":"tool","tool_call_id":"c1","content":"a cat"},
+                {"role":"user"}
+            ],
+            "tools":[{"type":"function","function":{"name":"look","parameters":{}}}],
+            "chat_template_kwargs":{"enable_thinking":false},
+            "add_generation_prompt":false,"continue_final_message":true}"#,
+        )
+        .unwrap();
+        let PromptInput::Chat(m) = &r.prompt else {
+            panic!("{:?}", r.prompt)
+        };
+        assert_eq!(m[0].content(), Some("what is this?"));
+        assert_eq!(
+            r.media,
+            [r#"{"type":"image_url","image_url":{"url":"https://x/cat.png"}}"#]
+        );
+        assert_eq!(
+            (m[1].content(), m[1].0["tool_calls"][0]["id"].as_str()),
+            (None, Some("c1"))
+        );
+        assert_eq!(
+            (m[2].role(), m[2].0["tool_call_id"].as_str()),
+            ("tool", Some("c1"))
+        );
+        assert_eq!(m[3].content(), None);
+        assert!(r.chat.tools.is_some() && r.chat.continue_final_message);
+        assert_eq!(r.chat.kwargs["enable_thinking"], false);
+    }
+
+    #[test]
+    fn batched_prompts() {
+        let r = parse_request(Endpoint::Completions, br#"{"prompt":["a","b"]}"#).unwrap();
+        assert_eq!(
+            r.prompt,
+            PromptInput::Batch(vec![
+                PromptInput::Text("a".into()),
+                PromptInput::Text("b".into())
+            ])
+        );
+        let r = parse_request(Endpoint::Completions, br#"{"prompt":[[1,2],[3]]}"#).unwrap();
+        assert_eq!(
+            r.prompt,
+            PromptInput::Batch(vec![
+                PromptInput::TokenIds(vec![1, 2]),
+                PromptInput::TokenIds(vec![3])
             ])
         );
     }
@@ -360,7 +521,12 @@ mod tests {
             (Endpoint::Completions, br#"{"prompt":42}"#, Some("prompt")),
             (
                 Endpoint::Completions,
-                br#"{"prompt":["a","b"]}"#,
+                br#"{"prompt":["a",""]}"#,
+                Some("prompt"),
+            ),
+            (
+                Endpoint::Completions,
+                br#"{"prompt":["a",3]}"#,
                 Some("prompt"),
             ),
             (
@@ -400,8 +566,18 @@ mod tests {
             ),
             (
                 Endpoint::ChatCompletions,
-                br#"{"messages":[{"role":"user"}]}"#,
+                br#"{"messages":[{"role":"user","content":[{"text":"no type"}]}]}"#,
                 Some("messages[0].content"),
+            ),
+            (
+                Endpoint::ChatCompletions,
+                br#"{"messages":[{"role":"user","content":"x"}],"continue_final_message":true}"#,
+                Some("continue_final_message"),
+            ),
+            (
+                Endpoint::ChatCompletions,
+                br#"{"messages":[{"role":"user","content":"x"}],"tools":{}}"#,
+                Some("tools"),
             ),
             (
                 Endpoint::ChatCompletions,

@@ -249,7 +249,12 @@ impl Router {
             return Ok(fallback(self));
         };
         let started = store.now_nanos();
-        let prompt = bundle.prepare(&req)?;
+        let prompt = match bundle.prepare(&req) {
+            Ok(p) => p,
+            // the pod's own renderer decides: never reject what it may accept
+            Err(e) if e.is_unrenderable() => return Ok(fallback(self)),
+            Err(e) => return Err(e),
+        };
         let prepare_us = store.now_nanos().saturating_sub(started) / 1_000;
         let fleet = self.fleet(store);
         // one table for lookup and record, so the buckets the lookup read are not read again

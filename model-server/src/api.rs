@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use prefix_core::protocol::{headers, LoadReport, EVENTS_PATH};
-use prefix_core::request::{parse_request, Endpoint};
+use prefix_core::request::{parse_request, Endpoint, PromptInput};
 use prefix_core::ApiError;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -204,6 +204,13 @@ async fn inference(
     let started = Instant::now();
     let body = read_body(req, s.config.max_body_bytes).await?;
     let r = parse_request(endpoint, &body)?;
+    if let PromptInput::Batch(_) = r.prompt {
+        // vLLM answers one choice per prompt; this server does not (yet): say so plainly
+        return Err(ApiError::invalid(
+            "batched prompts are not supported by this server: send one prompt per request",
+            Some("prompt"),
+        ));
+    }
     let prompt = s.bundle.prepare(&r)?;
     let chunks = pipeline::serve(s, &r, prompt, started).await?;
     let reply = openai::Reply::new(endpoint, s.bundle.name());
