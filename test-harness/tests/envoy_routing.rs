@@ -391,3 +391,75 @@ fn bad_plugin_configuration_fails_envoy_load_naming_the_field() {
         "error should name the field:\n{log}"
     );
 }
+
+/// The chat shapes vLLM accepts go through the filter: rendered and hashed exactly as the pod
+/// does (equal to its `/tokenize`), the same image sent twice lands where it was computed,
+/// and what the filter cannot render (SmolLM2's template cannot add a null content) or a
+/// batch it only routes on its first prompt is forwarded for the pod to answer, never
+/// rejected by the filter.
+#[test]
+fn vllm_chat_shapes_are_forwarded_and_hashed_like_the_pod() {
+    let f = fleet("chat-shapes");
+    let image = |url: &str| {
+        json!({"messages": [{"role": "user", "content": [
+            {"type": "text", "text": RUNBOOK},
+            {"type": "image_url", "image_url": {"url": url}},
+            {"type": "text", "text": "What does the graph show?"}]}], "max_tokens": 1})
+    };
+    let tools = json!({"messages": [
+            {"role": "system", "content": RUNBOOK},
+            {"role": "user", "content": "Is checkout healthy?"},
+            {"role": "tool", "tool_call_id": "c1", "content": "{\"errors\": 0}"}],
+        "tools": [{"type": "function", "function": {"name": "status", "parameters": {}}}],
+        "chat_template_kwargs": {"enable_thinking": false}, "max_tokens": 1});
+    for body in [image("https://example.com/a.png"), tools.clone()] {
+        let a = f.send("/v1/chat/completions", &body, &[]);
+        assert_eq!(a.status, 200, "{}", a.body);
+        let t: Value = f
+            .http
+            .post(format!("http://{}/tokenize", f.pods[0].addr))
+            .json(&body)
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        assert_eq!(
+            json!(header(&a, "x-prefix-router-prefix-hash")),
+            *t["block_hashes"].as_array().unwrap().last().unwrap(),
+            "{body}"
+        );
+    }
+    // the same image again: a hit where it was computed; another image: its own prefix
+    let first = f.send(
+        "/v1/chat/completions",
+        &image("https://example.com/a.png"),
+        &[],
+    );
+    assert_eq!(first.reason(), "prefix-hit");
+    let other = f.send(
+        "/v1/chat/completions",
+        &image("https://example.com/b.png"),
+        &[],
+    );
+    assert_ne!(
+        header(&other, "x-prefix-router-prefix-hash"),
+        header(&first, "x-prefix-router-prefix-hash")
+    );
+    // not renderable here (content null added to a string in SmolLM2's template): forwarded
+    // by load, and the pod answers (it rejects it too: both render alike)
+    let mut calls = tools.clone();
+    calls["messages"].as_array_mut().unwrap().insert(
+        2,
+        json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "status", "arguments": "{}"}}]}),
+    );
+    let a = f.send("/v1/chat/completions", &calls, &[]);
+    assert_eq!(header(&a, "x-prefix-router-reason"), "fallback");
+    assert!(!a.pod.is_empty(), "a pod answered: {}", a.body);
+    assert_eq!(a.status, 400, "{}", a.body);
+    // a batch: routed on its first prompt, forwarded, answered by the pod
+    let batch = json!({"prompt": [format!("{RUNBOOK}{RUNBOOK}"), "second"], "max_tokens": 1});
+    let a = f.send("/v1/completions", &batch, &[]);
+    assert_ne!(header(&a, "x-prefix-router-reason"), "fallback");
+    assert!(!a.pod.is_empty(), "a pod answered: {}", a.body);
+}
