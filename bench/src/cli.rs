@@ -261,9 +261,34 @@ pub fn main() -> anyhow::Result<()> {
             "   filter VMs: {} (start times {:?} ms); Envoy RSS {:.0} MB with vs {:.0} MB without → {:.1} MB per VM",
             vm.vm_start_ms.len(), vm.vm_start_ms, vm.envoy_rss_with_filter_mb, vm.envoy_rss_without_filter_mb, vm.mb_per_vm
         );
+        println!("   tokenizer families, fetched at start from files Envoy serves (one unloaded connection, unique ~2k-word prompts, {seconds} s each):");
+        println!("   family                 tokenizer.json  per VM fetch / build (ms)   Envoy RSS (MB, plain {:.0})  added p50   route p50/p99 µs  tokenize p50/p99 µs", vm.envoy_rss_without_filter_mb);
+        let data = prefix_core::protocol::defaults::data_dir(&test_harness::paths::repo_root());
+        let families = [
+            ("SmolLM2-135M", model_server::config::default_model_dir()),
+            ("Llama-3.2", data.join("tokenizers/llama-3.2")),
+            ("Qwen2.5", data.join("tokenizers/qwen2.5")),
+        ];
+        let fams = overhead::families(&families, &micro::text_of(&bundle, 2048)?, seconds, &a.out)?;
+        for f in &fams {
+            let pair = |v: Option<(f64, f64)>| {
+                v.map(|(a, b)| format!("{a:.0} / {b:.0}"))
+                    .unwrap_or_else(|| "n/a".into())
+            };
+            println!(
+                "   {:<22} {:>8.1} MB     {:<27} {:>6.0}                      {:+.2} ms   {:>16}  {:>19}",
+                f.family,
+                f.tokenizer_json_bytes as f64 / 1e6,
+                f.vm_load_ms.iter().map(|(a, b)| format!("{a}/{b}")).collect::<Vec<_>>().join(", "),
+                f.envoy_rss_mb,
+                f.added_p50_unloaded_ms,
+                pair(f.filter_route_us),
+                pair(f.filter_tokenize_us)
+            );
+        }
         summary.insert(
             "filter_overhead".into(),
-            serde_json::json!({"rows": rows, "vm": vm}),
+            serde_json::json!({"rows": rows, "vm": vm, "families": fams}),
         );
     }
     if a.which == Which::Faults {

@@ -185,3 +185,100 @@ mod tests {
         );
     }
 }
+
+/// One tokenizer family's cost in the filter, its tokenizer fetched at start from files
+/// Envoy serves (`tokenizer_dir`): how long each VM took to fetch and build it, Envoy's memory
+/// with it, the latency it adds to one unloaded request with a unique ~2k-word prompt, and the
+/// filter's own routing time.
+#[derive(Debug, Serialize)]
+pub struct FamilyRow {
+    pub family: String,
+    pub tokenizer_json_bytes: u64,
+    /// per VM: (fetch ms, build ms), from the filter's log
+    pub vm_load_ms: Vec<(u64, u64)>,
+    pub envoy_rss_mb: f64,
+    pub envoy_rss_without_filter_mb: f64,
+    pub added_p50_unloaded_ms: f64,
+    pub filter_route_us: Option<(f64, f64)>,
+    pub filter_tokenize_us: Option<(f64, f64)>,
+}
+
+/// [`FamilyRow`]s for `families` (name, model directory), on `pods` zero-cost pods.
+pub fn families(
+    families: &[(&str, std::path::PathBuf)],
+    text: &str,
+    seconds: u32,
+    out: &Path,
+) -> anyhow::Result<Vec<FamilyRow>> {
+    let dir = run_dir("bench-families");
+    let pods = start_pods(
+        1,
+        &[&ZERO_COST[..], &["--max-model-len", "32768"]].concat(),
+        &dir,
+    )?;
+    let addrs: Vec<String> = pods.iter().map(|p| p.addr.clone()).collect();
+    let plain = start_envoy_unvalidated("envoy-plain", &addrs, false, |_| {}, &dir)?;
+    let body = format!("'{{\"prompt\":\"' .. n .. ' {text}\",\"max_tokens\":1}}'");
+    let url_plain = plain.url("/v1/completions");
+    wrk::run(&url_plain, &body, 2, 1, &dir)?;
+    let without = wrk::run(&url_plain, &body, 1, seconds, &dir)?;
+    let mut rows = Vec::new();
+    for (family, model_dir) in families {
+        let assets = test_harness::process::free_port()?;
+        let envoy = start_envoy_unvalidated(
+            &format!("envoy-{family}"),
+            &addrs,
+            true,
+            |s| {
+                s.debug_headers = false;
+                s.tokenizer_dir = Some(model_dir.clone());
+                s.assets_port = assets;
+            },
+            &dir,
+        )?;
+        // every VM has its tokenizer once the log says so (one line per VM)
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        let loads = || {
+            let log = std::fs::read_to_string(&envoy.proc.log).unwrap_or_default();
+            log.lines()
+                .filter_map(|l| {
+                    let rest = l.split("fetched in ").nth(1)?;
+                    let fetch = rest.split_whitespace().next()?.parse().ok()?;
+                    let build = rest
+                        .split("built in ")
+                        .nth(1)?
+                        .split_whitespace()
+                        .next()?
+                        .parse()
+                        .ok()?;
+                    Some((fetch, build))
+                })
+                .collect::<Vec<(u64, u64)>>()
+        };
+        while loads().len() < 2 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let url = envoy.url("/v1/completions");
+        wrk::run(&url, &body, 2, 1, &dir)?;
+        let with = wrk::run(&url, &body, 1, seconds, &dir)?;
+        let stats = test_harness::cluster::client()
+            .get(envoy.admin_url("/stats?filter=prefix_router_(route|tokenize)_us$"))
+            .send()
+            .and_then(|r| r.text())
+            .unwrap_or_default();
+        rows.push(FamilyRow {
+            family: (*family).to_owned(),
+            tokenizer_json_bytes: std::fs::metadata(model_dir.join("tokenizer.json"))
+                .map(|m| m.len())
+                .unwrap_or(0),
+            vm_load_ms: loads(),
+            envoy_rss_mb: rss_mb(envoy.proc.pid()),
+            envoy_rss_without_filter_mb: rss_mb(plain.proc.pid()),
+            added_p50_unloaded_ms: with.p50_ms - without.p50_ms,
+            filter_route_us: interval_p50_p99(&stats, "prefix_router_route_us"),
+            filter_tokenize_us: interval_p50_p99(&stats, "prefix_router_tokenize_us"),
+        });
+        let _ = std::fs::copy(&envoy.proc.log, out.join(format!("envoy-{family}.log")));
+    }
+    Ok(rows)
+}
