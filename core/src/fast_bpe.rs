@@ -110,7 +110,11 @@ impl FastBpe {
     /// Builds the fast encoder for a `tokenizer.json`, or `None` if its shape is not one this
     /// encoder reproduces exactly.
     pub fn from_json(json: &[u8]) -> Option<FastBpe> {
-        let t: Value = serde_json::from_slice(json).ok()?;
+        Self::from_value(&serde_json::from_slice(json).ok()?)
+    }
+
+    /// [`FastBpe::from_json`] of an already parsed `tokenizer.json`.
+    pub fn from_value(t: &Value) -> Option<FastBpe> {
         let f = Value::Bool(false);
         let tr = Value::Bool(true);
         let null = Value::Null;
@@ -343,15 +347,7 @@ impl FastBpe {
                     end -= last;
                 }
             }
-            let word = &piece[pos..end];
-            match cache.get(word) {
-                Some(ids) => out.extend_from_slice(ids),
-                None => {
-                    let ids = self.bpe(word);
-                    out.extend_from_slice(&ids);
-                    cache.insert(word.to_owned(), ids);
-                }
-            }
+            self.word(&piece[pos..end], cache, out);
             pos = end;
         }
     }

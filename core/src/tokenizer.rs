@@ -24,18 +24,12 @@ pub struct Specials {
 }
 
 impl Specials {
-    /// From a `tokenizer.json`'s `post_processor` (alone or inside a `Sequence`); none for
-    /// other post-processors (GPT-2's `ByteLevel` adds nothing).
-    pub fn from_json(json: &[u8]) -> Specials {
-        #[derive(serde::Deserialize)]
-        struct Doc {
-            #[serde(default)]
-            post_processor: serde_json::Value,
-        }
-        let Ok(doc) = serde_json::from_slice::<Doc>(json) else {
+    /// From a parsed `tokenizer.json`'s `post_processor` (alone or inside a `Sequence`);
+    /// none for other post-processors (GPT-2's `ByteLevel` adds nothing).
+    pub fn of(doc: Option<&serde_json::Value>) -> Specials {
+        let Some(pp) = doc.map(|d| &d["post_processor"]) else {
             return Specials::default();
         };
-        let pp = &doc.post_processor;
         let template = match pp["type"].as_str() {
             Some("TemplateProcessing") => pp,
             Some("Sequence") => pp["processors"]
@@ -87,22 +81,24 @@ impl Tokenizer {
         tokenizers::utils::parallelism::set_parallelism(false);
         let inner =
             tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| TokenizerError(e.to_string()))?;
-        let fast = crate::fast_bpe::FastBpe::from_json(bytes);
+        let doc: Option<serde_json::Value> = serde_json::from_slice(bytes).ok();
         Ok(Tokenizer {
             inner: Some(inner),
-            fast,
-            specials: Specials::from_json(bytes),
+            fast: doc.as_ref().and_then(crate::fast_bpe::FastBpe::from_value),
+            specials: Specials::of(doc.as_ref()),
         })
     }
 
     /// For routers, which only encode: the fast encoder alone when the vocabulary allows it
     /// (a fraction of the start time and memory), else the full tokenizer.
     pub fn for_encoding(bytes: &[u8]) -> Result<Self, TokenizerError> {
-        match crate::fast_bpe::FastBpe::from_json(bytes) {
+        // parsed once for both (a large vocabulary takes a good part of a VM's start)
+        let doc: Option<serde_json::Value> = serde_json::from_slice(bytes).ok();
+        match doc.as_ref().and_then(crate::fast_bpe::FastBpe::from_value) {
             Some(fast) => Ok(Tokenizer {
                 inner: None,
                 fast: Some(fast),
-                specials: Specials::from_json(bytes),
+                specials: Specials::of(doc.as_ref()),
             }),
             None => Self::from_json_bytes(bytes),
         }

@@ -197,6 +197,25 @@ impl Fleet {
         metric_value(&text, name).unwrap_or(0.0)
     }
 
+    /// What the first pod's `/tokenize` says of a request body (tokens, block hashes).
+    pub fn tokenize(&self, body: &Value) -> Value {
+        self.http
+            .post(format!("http://{}/tokenize", self.pods[0].addr))
+            .json(body)
+            .send()
+            .and_then(|r| r.json())
+            .unwrap_or_default()
+    }
+
+    /// The hash of the last full block of a request body, as the first pod computes it.
+    pub fn pod_prefix_hash(&self, body: &Value) -> Value {
+        self.tokenize(body)["block_hashes"]
+            .as_array()
+            .and_then(|h| h.last())
+            .cloned()
+            .unwrap_or_default()
+    }
+
     /// One of the filter's per-pod gauges (`healthy`, `inflight`, `event_lag_ms`, `signals`)
     /// for the pod at `addr`: `prefix_router_pod_<name>{pod="<addr>"}` (Envoy's stats tag).
     pub fn pod_stat(&self, envoy: &Envoy, name: &str, addr: &str) -> f64 {
