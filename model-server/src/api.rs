@@ -11,8 +11,9 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use futures::StreamExt;
 use prefix_core::protocol::{headers, LoadReport, EVENTS_PATH};
-use prefix_core::request::{parse_request, Endpoint, PromptInput};
+use prefix_core::request::{parse_request, Endpoint, InferenceRequest, PromptInput};
 use prefix_core::ApiError;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -204,19 +205,60 @@ async fn inference(
     let started = Instant::now();
     let body = read_body(req, s.config.max_body_bytes).await?;
     let r = parse_request(endpoint, &body)?;
-    if let PromptInput::Batch(_) = r.prompt {
-        // vLLM answers one choice per prompt; this server does not (yet): say so plainly
-        return Err(ApiError::invalid(
-            "batched prompts are not supported by this server: send one prompt per request",
-            Some("prompt"),
-        ));
-    }
-    let prompt = s.bundle.prepare(&r)?;
-    let chunks = pipeline::serve(s, &r, prompt, started).await?;
+    // a batch is answered as vLLM does: one choice per prompt, in order
+    let requests = match &r.prompt {
+        PromptInput::Batch(prompts) => prompts
+            .iter()
+            .map(|p| InferenceRequest {
+                prompt: p.clone(),
+                ..r.clone()
+            })
+            .collect(),
+        _ => vec![r.clone()],
+    };
+    // every prompt is checked before any runs: a bad one rejects the batch, as in vLLM
+    let prompts = requests
+        .iter()
+        .map(|one| s.bundle.prepare(one))
+        .collect::<Result<Vec<_>, _>>()?;
     let reply = openai::Reply::new(endpoint, s.bundle.name());
-    if r.stream {
-        Ok(openai::stream(reply, chunks))
-    } else {
-        openai::collect(reply, chunks).await
+    let n = requests.len();
+    let mut work = requests.into_iter().zip(prompts);
+    if !r.stream {
+        return openai::collect(reply, n, |_| {
+            let next = work.next();
+            async move {
+                let (one, prompt) = next.ok_or_else(|| ApiError::internal("batch ended early"))?;
+                pipeline::serve(s, &one, prompt, started).await
+            }
+        })
+        .await;
     }
+    // streamed: the first prompt is admitted before the response starts (so a full server
+    // still answers 429); the rest run one after the other as the stream is read
+    let (one, prompt) = work
+        .next()
+        .ok_or_else(|| ApiError::internal("empty batch"))?;
+    let first = pipeline::serve(s, &one, prompt, started).await?;
+    let state = Arc::clone(s);
+    let rest = futures::stream::iter(work.enumerate()).then(move |(i, (one, prompt))| {
+        let state = Arc::clone(&state);
+        async move {
+            match pipeline::serve(&state, &one, prompt, started).await {
+                Ok(rx) => tokio_stream::wrappers::ReceiverStream::new(rx)
+                    .map(move |c| (i + 1, c))
+                    .left_stream(),
+                Err(e) => {
+                    futures::stream::once(
+                        async move { (i + 1, pipeline::Chunk::Failed(e.message)) },
+                    )
+                    .right_stream()
+                }
+            }
+        }
+    });
+    let chunks = tokio_stream::wrappers::ReceiverStream::new(first)
+        .map(|c| (0, c))
+        .chain(rest.flatten());
+    Ok(openai::stream(reply, chunks))
 }

@@ -73,6 +73,7 @@ impl Reply {
     /// `first` for a stream's first chunk (chat announces the role in it).
     fn choice(
         &self,
+        index: usize,
         text: &str,
         finish: Option<FinishReason>,
         streamed: bool,
@@ -81,10 +82,10 @@ impl Reply {
         let finish = finish.map(FinishReason::as_str);
         match (self.endpoint, streamed) {
             (Endpoint::Completions, _) => {
-                json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish})
+                json!({"index": index, "text": text, "logprobs": null, "finish_reason": finish})
             }
             (Endpoint::ChatCompletions, false) => json!({
-                "index": 0,
+                "index": index,
                 "message": {"role": "assistant", "content": text},
                 "logprobs": null,
                 "finish_reason": finish,
@@ -95,15 +96,15 @@ impl Reply {
                     (true, false) => json!({"role": "assistant", "content": text}),
                     (false, false) => json!({"content": text}),
                 };
-                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
+                json!({"index": index, "delta": delta, "logprobs": null, "finish_reason": finish})
             }
         }
     }
 
-    fn body(&self, choice: Value, streamed: bool, usage: Option<Usage>) -> Value {
+    fn body(&self, choices: Vec<Value>, streamed: bool, usage: Option<Usage>) -> Value {
         let mut v = json!({
             "id": self.id, "object": self.object(streamed), "created": self.created,
-            "model": self.model, "choices": [choice],
+            "model": self.model, "choices": choices,
         });
         if let Some(u) = usage {
             v["usage"] = u.json();
@@ -112,35 +113,64 @@ impl Reply {
     }
 }
 
-/// The whole answer at once.
-pub async fn collect(reply: Reply, mut rx: mpsc::Receiver<Chunk>) -> Result<Response, ApiError> {
+/// The whole answer at once: one choice per prompt (a batch has several, in order), usage
+/// summed over them. Each receiver is read to its end before the next is asked for, so a
+/// batch never holds more of the server's slots than one request does.
+pub async fn collect<F, Fut>(reply: Reply, n: usize, mut serve: F) -> Result<Response, ApiError>
+where
+    F: FnMut(usize) -> Fut,
+    Fut: std::future::Future<Output = Result<mpsc::Receiver<Chunk>, ApiError>>,
+{
+    let mut choices = Vec::with_capacity(n);
+    let mut total = Usage::default();
+    for index in 0..n {
+        let (choice, usage) = collect_one(&reply, index, serve(index).await?).await?;
+        choices.push(choice);
+        total.prompt += usage.prompt;
+        total.completion += usage.completion;
+        total.cached += usage.cached;
+    }
+    Ok(Json(reply.body(choices, false, Some(total))).into_response())
+}
+
+async fn collect_one(
+    reply: &Reply,
+    index: usize,
+    mut rx: mpsc::Receiver<Chunk>,
+) -> Result<(Value, Usage), ApiError> {
     let mut text = String::new();
     while let Some(c) = rx.recv().await {
         match c {
             Chunk::Text(t) => text.push_str(&t),
             Chunk::Failed(e) => return Err(ApiError::internal(e)),
             Chunk::Done(reason, usage) => {
-                let choice = reply.choice(&text, Some(reason), false, false);
-                return Ok(Json(reply.body(choice, false, Some(usage))).into_response());
+                return Ok((
+                    reply.choice(index, &text, Some(reason), false, false),
+                    usage,
+                ));
             }
         }
     }
     Err(ApiError::internal("generation ended without a result"))
 }
 
-/// The answer as server-sent events, ending with `[DONE]`; usage rides on the last chunk.
-pub fn stream(reply: Reply, rx: mpsc::Receiver<Chunk>) -> Response {
-    let mut first = true;
-    let events = ReceiverStream::new(rx).map(move |c| {
+/// The answer as server-sent events, ending with `[DONE]`; each prompt's usage rides on its
+/// last chunk. `chunks` are tagged with their prompt's index (a batch streams its prompts one
+/// after the other, each choice with its index; a single prompt is index 0).
+pub fn stream(
+    reply: Reply,
+    chunks: impl futures::Stream<Item = (usize, Chunk)> + Send + 'static,
+) -> Response {
+    let mut first = std::collections::HashSet::new();
+    let events = chunks.map(move |(index, c)| {
         let data = match c {
             Chunk::Text(t) => {
-                let choice = reply.choice(&t, None, true, first);
-                first = false;
-                reply.body(choice, true, None).to_string()
+                let choice = reply.choice(index, &t, None, true, first.insert(index));
+                reply.body(vec![choice], true, None).to_string()
             }
             Chunk::Done(reason, usage) => {
-                let choice = reply.choice("", Some(reason), true, first);
-                reply.body(choice, true, Some(usage)).to_string()
+                let choice = reply.choice(index, "", Some(reason), true, first.insert(index));
+                reply.body(vec![choice], true, Some(usage)).to_string()
             }
             Chunk::Failed(e) => ApiError::internal(e).to_json(),
         };

@@ -25,7 +25,7 @@ pub enum Chunk {
 }
 
 /// Token counts of one request, as OpenAI's `usage`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Usage {
     pub prompt: usize,
     pub completion: usize,

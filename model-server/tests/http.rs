@@ -183,6 +183,67 @@ async fn chat_and_streaming() {
     s.shutdown().await;
 }
 
+/// A batch of prompts is answered as vLLM answers it: one choice per prompt, in order, usage
+/// summed; streamed, each chunk's choice carries its prompt's index.
+#[tokio::test]
+async fn batched_prompts_get_one_choice_each() {
+    let s = start(&[]).await;
+    let (st, v, _) = s
+        .post(
+            "/v1/completions",
+            &json!({"prompt": ["hello there", [1, 2, 3], "third"], "max_tokens": 2}),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3);
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i);
+        assert!(!c["text"].as_str().unwrap().is_empty());
+    }
+    assert_eq!(v["usage"]["completion_tokens"], 6);
+    let single = |p: Value| {
+        let s = &s;
+        async move {
+            let (_, v, _) = s
+                .post("/v1/completions", &json!({"prompt": p, "max_tokens": 2}))
+                .await;
+            v["usage"]["prompt_tokens"].as_u64().unwrap()
+        }
+    };
+    let sum = single(json!("hello there")).await + 3 + single(json!("third")).await;
+    assert_eq!(v["usage"]["prompt_tokens"], sum);
+    // streamed
+    let r = s
+        .http
+        .post(s.url("/v1/completions"))
+        .json(&json!({"prompt": ["a b c", "d e f"], "max_tokens": 2, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    let datas = common::sse_data(r).await;
+    assert_eq!(*datas.last().unwrap(), "[DONE]");
+    let indexes: Vec<u64> = datas[..datas.len() - 1]
+        .iter()
+        .map(|d| {
+            serde_json::from_str::<Value>(d).unwrap()["choices"][0]["index"]
+                .as_u64()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(
+        indexes,
+        [0, 0, 0, 1, 1, 1],
+        "2 tokens and a final chunk each"
+    );
+    // one bad prompt rejects the batch
+    let (st, v, _) = s
+        .post("/v1/completions", &json!({"prompt": [[1, 2], [999999999]]}))
+        .await;
+    assert_eq!(st, 400, "{v}");
+    s.shutdown().await;
+}
+
 #[tokio::test]
 async fn models_health_tokenize() {
     let s = start(&[]).await;
