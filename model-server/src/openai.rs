@@ -16,7 +16,6 @@ use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 
 static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 
