@@ -65,8 +65,9 @@ enum Splitter {
     /// GPT-2's pattern, inside the `ByteLevel` pre-tokenizer; `digits`: every digit is cut
     /// out first (the `Digits{individual_digits}` pre-tokenizer)
     Gpt2 { digits: bool },
-    /// A `Split` pre-tokenizer's pattern (Llama-3, Qwen2) without its look-ahead alternative
-    Pattern,
+    /// A `Split` pre-tokenizer's pattern (Llama-3, Qwen2) without its look-ahead alternative;
+    /// `max_digits`: its `\p{N}{1,3}` (Llama-3) or `\p{N}` (Qwen2)
+    Pattern { max_digits: usize },
 }
 
 pub struct FastBpe {
@@ -83,6 +84,115 @@ pub struct FastBpe {
     /// added (special) tokens, matched in the text before any splitting
     added: Option<AddedTokens>,
     cache: Mutex<Memo>,
+}
+
+/// An ASCII byte's class for the split patterns; `None` for a non-ASCII byte, whose Unicode
+/// class is not known here.
+#[derive(Clone, Copy, PartialEq)]
+enum Class {
+    Letter,
+    Digit,
+    Space,
+    Other,
+}
+
+fn ascii_class(b: &[u8], i: usize) -> Option<Class> {
+    match *b.get(i)? {
+        b'a'..=b'z' | b'A'..=b'Z' => Some(Class::Letter),
+        b'0'..=b'9' => Some(Class::Digit),
+        // the regex crate's Unicode `\s` on ASCII: \t \n \v \f \r and space
+        b'\t' | b'\n' | 0x0B | 0x0C | b'\r' | b' ' => Some(Class::Space),
+        0x80.. => None,
+        _ => Some(Class::Other),
+    }
+}
+
+/// End of the run of `want` starting at `i`: `None` if a non-ASCII byte could extend it.
+fn ascii_run(b: &[u8], mut i: usize, want: Class) -> Option<usize> {
+    while i < b.len() {
+        match ascii_class(b, i) {
+            Some(c) if c == want => i += 1,
+            Some(_) => return Some(i),
+            None => return None,
+        }
+    }
+    Some(i)
+}
+
+/// Where the Llama-3 / Qwen2 split (its alternatives in order, the look-ahead one left to
+/// the caller as `\s+`) matches from `pos`, when ASCII bytes alone decide it; `None` when a
+/// non-ASCII character could change the answer (the caller then asks the regex). Several
+/// times faster than the regex's automata on the English-heavy text most prompts are.
+fn pattern_ascii_end(b: &[u8], pos: usize, max_digits: usize) -> Option<usize> {
+    let first = ascii_class(b, pos)?;
+    // 1. (?i:'s|'t|'re|'ve|'m|'ll|'d)
+    if b[pos] == b'\'' {
+        let next = |k: usize| b.get(pos + k).copied();
+        if next(1).is_some_and(|c| c >= 0x80) {
+            return None; // a Unicode case variant (ſ) could match
+        }
+        let lower = |k: usize| next(k).map(|c| c.to_ascii_lowercase());
+        match (lower(1), lower(2)) {
+            (Some(b's' | b't' | b'm' | b'd'), _) => return Some(pos + 2),
+            (Some(b'r'), Some(b'e')) | (Some(b'v'), Some(b'e')) | (Some(b'l'), Some(b'l')) => {
+                return Some(pos + 3)
+            }
+            (Some(b'r' | b'v' | b'l'), None) => {}
+            (Some(b'r' | b'v' | b'l'), Some(c)) if c >= 0x80 => return None,
+            _ => {}
+        }
+    }
+    match first {
+        // 2. [^\r\n\p{L}\p{N}]?\p{L}+
+        Class::Letter => return ascii_run(b, pos, Class::Letter),
+        _ if b[pos] != b'\r' && b[pos] != b'\n' && first != Class::Digit => {
+            match ascii_class(b, pos + 1) {
+                Some(Class::Letter) => return ascii_run(b, pos + 1, Class::Letter),
+                None if pos + 1 < b.len() => return None,
+                _ => {}
+            }
+        }
+        _ => {}
+    }
+    match first {
+        // 3. \p{N}{1,max}
+        Class::Digit => {
+            let mut end = pos;
+            while end < b.len() && end - pos < max_digits {
+                match ascii_class(b, end) {
+                    Some(Class::Digit) => end += 1,
+                    Some(_) => break,
+                    None => return None,
+                }
+            }
+            Some(end)
+        }
+        // 4.  ?[^\s\p{L}\p{N}]+[\r\n]*
+        Class::Other => punctuation_end(b, pos),
+        Class::Space if b[pos] == b' ' && ascii_class(b, pos + 1) == Some(Class::Other) => {
+            punctuation_end(b, pos + 1)
+        }
+        Class::Space if b[pos] == b' ' && pos + 1 < b.len() && b[pos + 1] >= 0x80 => None,
+        // 5. \s*[\r\n]+ (to the run's last line break), else 7. \s+
+        Class::Space => {
+            let run_end = ascii_run(b, pos, Class::Space)?;
+            let run = &b[pos..run_end];
+            Some(match run.iter().rposition(|&c| c == b'\r' || c == b'\n') {
+                Some(last) => pos + last + 1,
+                None => run_end,
+            })
+        }
+        Class::Letter => None,
+    }
+}
+
+/// `[^\s\p{L}\p{N}]+[\r\n]*` from `i`, on ASCII.
+fn punctuation_end(b: &[u8], i: usize) -> Option<usize> {
+    let mut end = ascii_run(b, i, Class::Other)?;
+    while end < b.len() && (b[end] == b'\r' || b[end] == b'\n') {
+        end += 1;
+    }
+    Some(end)
 }
 
 /// GPT-2's reversible byte → printable character mapping.
@@ -146,10 +256,12 @@ impl FastBpe {
                         && byte_level(b, false) =>
                 {
                     let pattern = s["pattern"]["Regex"].as_str()?;
-                    if pattern != LLAMA3_SPLIT && pattern != QWEN2_SPLIT {
-                        return None;
-                    }
-                    (Splitter::Pattern, pattern)
+                    let max_digits = match pattern {
+                        LLAMA3_SPLIT => 3,
+                        QWEN2_SPLIT => 1,
+                        _ => return None,
+                    };
+                    (Splitter::Pattern { max_digits }, pattern)
                 }
                 _ => return None,
             },
@@ -309,7 +421,9 @@ impl FastBpe {
 
     fn encode_split(&self, seg: &str, cache: &mut FastMap<String, Vec<u32>>, out: &mut Vec<u32>) {
         let digits = match self.splitter {
-            Splitter::Pattern => return self.encode_pattern(seg, cache, out),
+            Splitter::Pattern { max_digits } => {
+                return self.encode_pattern(seg, max_digits, cache, out)
+            }
             Splitter::Gpt2 { digits } => digits,
         };
         if !digits {
@@ -357,18 +471,27 @@ impl FastBpe {
     /// `\s*[\r\n]+` and before `\s+`: a whitespace run with no line break that is followed
     /// by a non-space leaves its last character to the next word (which may then start with
     /// it, e.g. `" word"`).
-    fn encode_pattern(&self, seg: &str, cache: &mut FastMap<String, Vec<u32>>, out: &mut Vec<u32>) {
+    fn encode_pattern(
+        &self,
+        seg: &str,
+        max_digits: usize,
+        cache: &mut FastMap<String, Vec<u32>>,
+        out: &mut Vec<u32>,
+    ) {
         let mut pos = 0;
         while pos < seg.len() {
-            let Some(m) = self.split.find_at(seg, pos) else {
-                break;
+            let (start, mut end) = match pattern_ascii_end(seg.as_bytes(), pos, max_digits) {
+                Some(end) => (pos, end),
+                None => match self.split.find_at(seg, pos) {
+                    Some(m) => (m.start(), m.end()),
+                    None => break,
+                },
             };
-            if m.start() != pos {
+            if start != pos {
                 // unmatched text (never with these patterns: `\s+` and the rest cover all)
-                self.word(&seg[pos..m.start()], cache, out);
+                self.word(&seg[pos..start], cache, out);
             }
-            let mut end = m.end();
-            let word = m.as_str();
+            let word = &seg[start..end];
             if end < seg.len()
                 && !word.ends_with(['\r', '\n'])
                 && word.chars().all(char::is_whitespace)
@@ -378,7 +501,7 @@ impl FastBpe {
                     end -= last;
                 }
             }
-            self.word(&seg[m.start()..end], cache, out);
+            self.word(&seg[start..end], cache, out);
             pos = end;
         }
         if pos < seg.len() {

@@ -182,3 +182,55 @@ fn completion_prompts_get_the_post_processor_specials() {
         }
     }
 }
+
+/// Every ASCII character (the hand-written ASCII split path), contractions in both cases,
+/// digit runs around the three-digit limit, and non-ASCII characters where an ASCII run could
+/// continue past them (letters, digits, spaces, symbols).
+#[test]
+fn random_ascii_heavy_strings_match() {
+    let mut alphabet: Vec<String> = (1u8..0x80).map(|b| char::from(b).to_string()).collect();
+    for extra in [
+        " ",
+        " ",
+        "  ",
+        "'",
+        "'s",
+        "'LL",
+        "'re",
+        "'Ve",
+        "'r",
+        "'l",
+        "word",
+        " word",
+        "12",
+        "1234",
+        "\n\n",
+        "\r\n",
+        "\u{a0}",
+        "é",
+        "ſ",
+        "\u{85}",
+        "٣",
+        "—",
+        "<|im_end|>",
+    ] {
+        alphabet.push(extra.to_owned());
+    }
+    for (i, f) in FAMILIES.into_iter().enumerate() {
+        let t = tokenizer(f);
+        let mut state = 0x0bad_cafe_dead_beefu64 ^ (i as u64) << 7;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for _ in 0..30_000 {
+            let len = next() % 20;
+            let text: String = (0..len)
+                .map(|_| alphabet[(next() % alphabet.len() as u64) as usize].as_str())
+                .collect();
+            check(f, &t, &text);
+        }
+    }
+}

@@ -439,5 +439,9 @@ fn vllm_chat_shapes_are_forwarded_and_hashed_like_the_pod() {
     let a = f.send("/v1/completions", &batch, &[]);
     assert_ne!(header(&a, "x-prefix-router-reason"), "fallback");
     assert_eq!(a.status, 200, "{}", a.body);
-    assert_eq!(a.body["choices"].as_array().unwrap().len(), 2, "one choice per prompt");
+    assert_eq!(
+        a.body["choices"].as_array().unwrap().len(),
+        2,
+        "one choice per prompt"
+    );
 }
