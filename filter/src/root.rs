@@ -515,6 +515,62 @@ mod tests {
     }
 
     #[test]
+    fn the_chat_template_is_fetched_too_and_a_bad_file_is_retried() {
+        let root = configured(
+            r#","block_size":4,"model_name":"m","poll_interval_ms":100,"tokenizer":{"cluster":"assets"}"#,
+        );
+        let host = &root.host;
+        let router = root.router.as_ref().unwrap();
+        let fetch_calls = || -> Vec<Call> {
+            host.take_calls()
+                .into_iter()
+                .filter(|c| c.cluster == "assets")
+                .collect()
+        };
+        let reply = |call: &Call, status: &str, body: &[u8]| {
+            *host.call_answer.borrow_mut() = Some((status.to_owned(), body.to_vec()));
+            root.call_answered(call.token, body.len());
+        };
+        root.tick();
+        let calls = fetch_calls();
+        let paths: Vec<_> = calls.iter().filter_map(|c| c.header(":path")).collect();
+        assert_eq!(paths, ["/tokenizer.json", "/tokenizer_config.json"]);
+        // a tokenizer.json that is not one: nothing is built, the next try comes later
+        reply(&calls[0], "200", b"{ not a tokenizer");
+        reply(
+            &calls[1],
+            "200",
+            br#"{"chat_template":"{{ messages[0].content }}"}"#,
+        );
+        assert!(router.bundle.get().is_none());
+        assert_eq!(host.metric("prefix_router_tokenizer_load_failures"), 1);
+        assert_eq!(host.logged("unusable"), 1, "{:?}", host.logs.borrow());
+        host.clock.set(host.clock.get() + 2_000_000_000);
+        root.tick();
+        let calls = fetch_calls();
+        assert_eq!(calls.len(), 2);
+        // both good: built only once the second file is there, with its chat template
+        let json = crate::testing::tiny_tokenizer_json().into_bytes();
+        reply(&calls[0], "200", &json);
+        assert!(router.bundle.get().is_none(), "waits for the chat template");
+        reply(
+            &calls[1],
+            "200",
+            br#"{"chat_template":"{{ messages[0].content }}"}"#,
+        );
+        let bundle = router.bundle.get().unwrap();
+        let req = prefix_core::request::parse_request(
+            prefix_core::request::Endpoint::ChatCompletions,
+            br#"{"messages":[{"role":"user","content":"abcdefgh"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            bundle.render_chat(&req).unwrap().as_deref(),
+            Some("abcdefgh")
+        );
+    }
+
+    #[test]
     fn members_follow_the_envoy_cluster() {
         let host = Rc::new(FakeHost::default());
         *host.config.borrow_mut() = br#"{"discovery":{},"poll_interval_ms":100}"#.to_vec();
