@@ -78,15 +78,16 @@ impl ChatTemplate {
         if !opts.continue_final_message {
             return Ok(text);
         }
-        // as Hugging Face does: cut everything after the final message's content
-        let last = messages
-            .last()
-            .and_then(ChatMessage::content)
-            .unwrap_or("")
-            .trim();
-        match text.rfind(last) {
-            Some(at) if !last.is_empty() => Ok(text[..at + last.len()].to_owned()),
-            _ => Err(ApiError::unrenderable(
+        // as Hugging Face does: cut everything after the final message's content, as sent or
+        // else trimmed (some templates trim messages)
+        let last = messages.last().and_then(ChatMessage::content).unwrap_or("");
+        let cut = [last, last.trim()]
+            .into_iter()
+            .filter(|m| !m.is_empty())
+            .find_map(|m| text.rfind(m).map(|at| at + m.len()));
+        match cut {
+            Some(end) => Ok(text[..end].to_owned()),
+            None => Err(ApiError::unrenderable(
                 "continue_final_message is set but the final message's content does not appear in the rendered chat",
                 Some("messages"),
             )),
@@ -190,6 +191,12 @@ mod tests {
             t.render(&msgs, &cont).unwrap(),
             "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nHel"
         );
+        // trailing space kept where the template keeps it
+        let msgs = [
+            ChatMessage::text("user", "hi"),
+            ChatMessage::text("assistant", "Hel "),
+        ];
+        assert!(t.render(&msgs, &cont).unwrap().ends_with("assistant\nHel "));
     }
 
     #[test]
