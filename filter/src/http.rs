@@ -267,10 +267,7 @@ mod tests {
     fn setup(extra: &str) -> (Rc<FakeHost>, Rc<Router>, Rc<Metrics<FakeHost>>) {
         let host = Rc::new(FakeHost::default());
         let router = Rc::new(testing::router(extra));
-        let metrics = Rc::new(Metrics::define(
-            Rc::clone(&host),
-            prefix_core::protocol::defaults::MODEL_NAME,
-        ));
+        let metrics = Rc::new(Metrics::define(Rc::clone(&host), &router.config.model_name));
         (host, router, metrics)
     }
 
@@ -342,13 +339,7 @@ mod tests {
         expect.extend(placed.fallbacks());
         assert_eq!(named, expect);
         assert_eq!(named.len(), 3, "{dest}");
-        assert_eq!(
-            f.0.metric(&format!(
-                "prefix_router_decisions.cold.{}",
-                prefix_core::protocol::defaults::MODEL_NAME
-            )),
-            1
-        );
+        assert_eq!(f.0.metric("prefix_router_decisions.cold.m"), 1);
         assert_eq!(
             f.0.metric("prefix_router_table_entries"),
             4,
@@ -404,13 +395,7 @@ mod tests {
                 "not buffered"
             );
         }
-        assert_eq!(
-            f.0.metric(&format!(
-                "prefix_router_decisions.passthrough.{}",
-                prefix_core::protocol::defaults::MODEL_NAME
-            )),
-            3
-        );
+        assert_eq!(f.0.metric("prefix_router_decisions.passthrough.m"), 3);
     }
 
     #[test]
