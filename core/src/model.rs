@@ -56,6 +56,10 @@ pub enum BundleError {
 /// Tokenizer, chat template and naming of one served model.
 pub struct ModelBundle {
     name: String,
+    /// LoRA adapter names served on top of this model: requests may name them as `model`;
+    /// their blocks are keyed apart from the base model's and from each other's (as vLLM
+    /// keys cached blocks by adapter), so they never share a cached prefix.
+    adapters: Vec<String>,
     tokenizer: Tokenizer,
     template: Option<ChatTemplate>,
     block_size: BlockSize,
@@ -120,6 +124,7 @@ impl ModelBundle {
         };
         Ok(ModelBundle {
             name: name.to_owned(),
+            adapters: Vec::new(),
             tokenizer,
             template,
             block_size,
@@ -128,6 +133,24 @@ impl ModelBundle {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The same bundle, also answering to these LoRA adapter names.
+    pub fn with_adapters(mut self, adapters: Vec<String>) -> Self {
+        self.adapters = adapters;
+        self
+    }
+
+    pub fn adapters(&self) -> &[String] {
+        &self.adapters
+    }
+
+    /// What seeds a request's block hashes: the base model, or base and adapter.
+    fn hash_seed(&self, req: &InferenceRequest) -> String {
+        match &req.model {
+            Some(m) if self.adapters.contains(m) => format!("{}\u{0}lora:{m}", self.name),
+            _ => self.name.clone(),
+        }
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {
@@ -141,7 +164,7 @@ impl ModelBundle {
     /// 404 when the request names a model other than this one (an absent model is fine).
     pub fn check_model(&self, req: &InferenceRequest) -> Result<(), ApiError> {
         match &req.model {
-            Some(m) if m != &self.name => Err(ApiError::not_found(
+            Some(m) if m != &self.name && !self.adapters.contains(m) => Err(ApiError::not_found(
                 format!("The model '{m}' does not exist (served: '{}')", self.name),
                 Some("model"),
             )),
@@ -163,7 +186,7 @@ impl ModelBundle {
                 req.media.join("\u{0}")
             )),
         };
-        let root = root_hash(&self.name, salt.as_deref());
+        let root = root_hash(&self.hash_seed(req), salt.as_deref());
         let hashes = block_hashes(root, &tokens, self.block_size);
         Ok(PreparedPrompt { tokens, hashes })
     }
@@ -218,5 +241,51 @@ impl ModelBundle {
                 Some("prompt"),
             )
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::{parse_request, Endpoint};
+
+    fn bundle() -> ModelBundle {
+        let vocab: serde_json::Map<String, serde_json::Value> = (0u8..=127)
+            .map(|b| (String::from(b as char), serde_json::json!(b)))
+            .collect();
+        let tok = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": null,
+            "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "."}, "behavior": "Isolated", "invert": false},
+            "post_processor": null, "decoder": null,
+            "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "?"}
+        });
+        ModelBundle::new(
+            "base",
+            tok.to_string().as_bytes(),
+            None,
+            BlockSize::new(4).unwrap(),
+        )
+        .unwrap()
+        .with_adapters(vec!["sql-lora".into(), "chat-lora".into()])
+    }
+
+    fn hashes(b: &ModelBundle, model: &str) -> Result<Vec<BlockHash>, ApiError> {
+        let body = serde_json::json!({"model": model, "prompt": "the same twelve"});
+        let req = parse_request(Endpoint::Completions, body.to_string().as_bytes()).unwrap();
+        b.prepare(&req).map(|p| p.hashes)
+    }
+
+    #[test]
+    fn adapters_are_served_and_never_share_blocks() {
+        let b = bundle();
+        let base = hashes(&b, "base").unwrap();
+        let sql = hashes(&b, "sql-lora").unwrap();
+        let chat = hashes(&b, "chat-lora").unwrap();
+        assert_eq!(base.len(), 3);
+        assert!(base.iter().all(|h| !sql.contains(h) && !chat.contains(h)));
+        assert!(sql.iter().all(|h| !chat.contains(h)));
+        assert_eq!(hashes(&b, "sql-lora").unwrap(), sql, "stable");
+        assert_eq!(hashes(&b, "other").unwrap_err().status, 404);
     }
 }

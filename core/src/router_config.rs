@@ -65,6 +65,10 @@ pub struct RouterConfig {
     /// Served model name; seeds the block hashes exactly as the servers do.
     #[serde(default = "default_model_name")]
     pub model_name: String,
+    /// LoRA adapter names the pods serve on top of `model_name`: routed in the same pool,
+    /// their blocks keyed apart (different adapters never share a cached prefix).
+    #[serde(default)]
+    pub adapters: Vec<String>,
     /// Largest request body the filter buffers; larger bodies get 413.
     #[serde(default = "default_max_body_bytes")]
     pub max_body_bytes: usize,
@@ -128,6 +132,9 @@ pub struct TokenizerSource {
     #[serde(default = "default_tokenizer_timeout_ms")]
     pub timeout_ms: u64,
 }
+
+/// Most LoRA adapter names one filter serves.
+pub const MAX_ADAPTERS: usize = 256;
 
 /// Largest tokenizer file the filter accepts (the biggest Hugging Face `tokenizer.json`s are
 /// tens of MB).
@@ -255,6 +262,17 @@ impl RouterConfig {
         if self.model_name.is_empty() {
             return Err(err("model_name", "must not be empty"));
         }
+        if self.adapters.len() > MAX_ADAPTERS {
+            return Err(err("adapters", format!("at most {MAX_ADAPTERS} adapters")));
+        }
+        for (i, a) in self.adapters.iter().enumerate() {
+            if a.is_empty() || *a == self.model_name || self.adapters[..i].contains(a) {
+                return Err(err(
+                    &format!("adapters[{i}]"),
+                    format!("'{a}' must be a non-empty name, unique, and not the model's"),
+                ));
+            }
+        }
         if !(64..=64 * 1024 * 1024).contains(&self.max_body_bytes) {
             return Err(err("max_body_bytes", "must be between 64 and 67108864"));
         }
@@ -381,6 +399,14 @@ mod tests {
             (r#"{"discovery":{"admin":"x"}}"#, "discovery.admin"),
             (r#"{"discovery":{},"poll_interval_ms":0}"#, "discovery"),
             (r#"{"pods":["1.2.3.4:5"],"tokenizer":{}}"#, "tokenizer"),
+            (
+                r#"{"pods":["1.2.3.4:5"],"adapters":["a","a"]}"#,
+                "adapters[1]",
+            ),
+            (
+                r#"{"pods":["1.2.3.4:5"],"model_name":"m","adapters":["m"]}"#,
+                "adapters[0]",
+            ),
             (
                 r#"{"pods":["1.2.3.4:5"],"tokenizer":{"cluster":""}}"#,
                 "tokenizer.cluster",

@@ -150,7 +150,9 @@ impl ModelFetch {
         ) {
             Ok(bundle) => {
                 let now = host.now_nanos();
-                let _ = router.bundle.set(bundle);
+                let _ = router
+                    .bundle
+                    .set(bundle.with_adapters(router.config.adapters.clone()));
                 metrics.tokenizer_loaded(true);
                 self.failures.set(0);
                 host.log(

@@ -87,6 +87,9 @@ impl Router {
             config.block_size.get()
         );
         let layout = TableLayout::new(&format!("{namespace}/table"), config.table_capacity);
+        let bundle = bundle
+            .map(|b| OnceCell::from(b.with_adapters(config.adapters.clone())))
+            .unwrap_or_default();
         let keys = Keys::new(&namespace);
         let fleet = fleet_id(
             &config.pods,
@@ -100,7 +103,7 @@ impl Router {
             states: RefCell::new(None),
             keys,
             config,
-            bundle: bundle.map(OnceCell::from).unwrap_or_default(),
+            bundle,
             layout,
             counter: Cell::new(seed),
             rng: Cell::new(seed | 1),

@@ -103,16 +103,23 @@ async fn cache_events(
 }
 
 async fn models(State(s): State<Arc<AppState>>) -> Json<Value> {
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": s.bundle.name(),
+    let base = s.bundle.name();
+    let card = |id: &str, parent: Option<&str>| {
+        json!({
+            "id": id,
             "object": "model",
             "created": openai::unix_now(),
             "owned_by": "prefix-router",
+            "root": base,
+            "parent": parent,
             "max_model_len": s.config.max_model_len,
-        }]
-    }))
+        })
+    };
+    // as vLLM lists LoRA modules: each with the base model as its parent
+    let data: Vec<Value> = std::iter::once(card(base, None))
+        .chain(s.bundle.adapters().iter().map(|a| card(a, Some(base))))
+        .collect();
+    Json(json!({"object": "list", "data": data}))
 }
 
 /// Reads the body, refusing (413) anything over `limit` without buffering it.

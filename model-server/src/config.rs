@@ -81,6 +81,12 @@ pub struct Config {
     /// Name the model is served under (requests naming another model get 404).
     #[arg(long, default_value = DEFAULT_MODEL_NAME)]
     pub served_model_name: String,
+    /// LoRA adapter names also served (comma-separated), for routing tests: requests may
+    /// name them as `model`, and their prompts are cached apart from the base model's and
+    /// each other's, as vLLM keys blocks by adapter. The sim engine only (no adapter weights
+    /// are applied).
+    #[arg(long, value_delimiter = ',')]
+    pub lora_adapters: Vec<String>,
     /// Model file (GGUF) for `--engine candle` (default: the SmolLM2 GGUF setup installs).
     #[arg(long)]
     pub model: Option<PathBuf>,
@@ -142,6 +148,12 @@ impl Config {
         }
         if self.served_model_name.is_empty() {
             return bad("served-model-name", "must not be empty");
+        }
+        if !self.lora_adapters.is_empty() && self.engine != EngineKind::Sim {
+            return bad(
+                "lora-adapters",
+                "needs --engine sim (the candle engine applies no adapter weights)",
+            );
         }
         Ok(())
     }

@@ -36,6 +36,7 @@ pub fn load_bundle(config: &Config) -> anyhow::Result<ModelBundle> {
     };
     let block_size = BlockSize::new(config.block_size).context("invalid --block-size")?;
     ModelBundle::new(&config.served_model_name, &json, cfg.as_deref(), block_size)
+        .map(|b| b.with_adapters(config.lora_adapters.clone()))
         .with_context(|| format!("loading tokenizer {}", json_path.display()))
 }
 

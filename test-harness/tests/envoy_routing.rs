@@ -445,3 +445,47 @@ fn vllm_chat_shapes_are_forwarded_and_hashed_like_the_pod() {
         "one choice per prompt"
     );
 }
+
+/// LoRA adapters served on top of the model: routed in the same pool, each adapter's prompt
+/// sticks to its own pod with hashes equal to the pod's, and no adapter shares a prefix with
+/// the base model or another adapter; an adapter nobody serves is the filter's 404.
+#[test]
+fn lora_adapters_route_apart_from_the_base_model() {
+    let f = Fleet::start(
+        "lora",
+        3,
+        &[&ZERO_COST[..], &["--lora-adapters", "sql-lora,chat-lora"]].concat(),
+        |s| {
+            s.extra
+                .insert("adapters".into(), json!(["sql-lora", "chat-lora"]));
+        },
+    )
+    .expect("fleet starts");
+    let body = |model: &str| json!({"model": model, "prompt": format!("{RUNBOOK}{RUNBOOK}"), "max_tokens": 1});
+    let mut prefixes = BTreeSet::new();
+    for model in ["SmolLM2-135M-Instruct", "sql-lora", "chat-lora"] {
+        let first = f.send("/v1/completions", &body(model), &[]);
+        assert_eq!(first.status, 200, "{model}: {}", first.body);
+        assert_eq!(
+            first.reason(),
+            "cold",
+            "{model}: nothing shared with the others"
+        );
+        assert_eq!(
+            json!(header(&first, "x-prefix-router-prefix-hash")),
+            f.pod_prefix_hash(&body(model)),
+            "{model}"
+        );
+        prefixes.insert(header(&first, "x-prefix-router-prefix-hash").to_owned());
+        let again = f.send("/v1/completions", &body(model), &[]);
+        assert_eq!(
+            (again.reason(), again.pod.as_str()),
+            ("prefix-hit", first.pod.as_str())
+        );
+        assert!(cached(&again) > 0, "{model}");
+    }
+    assert_eq!(prefixes.len(), 3);
+    let unknown = f.send("/v1/completions", &body("other-lora"), &[]);
+    assert_eq!(unknown.status, 404, "{}", unknown.body);
+    assert!(unknown.pod.is_empty(), "answered by the filter");
+}

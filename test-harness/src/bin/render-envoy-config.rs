@@ -67,6 +67,10 @@ struct Args {
     /// Served model name (seeds the block hashes, as the pods' --served-model-name).
     #[arg(long, default_value = defaults::MODEL_NAME)]
     model_name: String,
+    /// LoRA adapter names the pods serve on top of the model (comma-separated): routed in
+    /// the same pool, their prompts cached apart.
+    #[arg(long, value_delimiter = ',')]
+    adapters: Vec<String>,
     /// Largest request body the filter buffers (413 beyond).
     #[arg(long, default_value_t = defaults::MAX_BODY_BYTES)]
     max_body_bytes: usize,
@@ -114,6 +118,10 @@ fn main() -> anyhow::Result<()> {
     s.listen_address = a.listen_address.to_string();
     s.stats_port = a.stats_port;
     s.tokenizer_dir = a.tokenizer_dir;
+    if !a.adapters.is_empty() {
+        s.extra
+            .insert("adapters".into(), serde_json::json!(a.adapters));
+    }
     s.assets_port = a.assets_port;
     let mut yaml = render(&s, &paths::envoy_template_dir())?;
     if let Some(name) = &a.configmap {
