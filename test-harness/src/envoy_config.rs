@@ -34,6 +34,9 @@ pub struct EnvoySettings {
     /// `tokenizer_config.json`) that Envoy serves on `assets_port` (loopback) for the filter
     /// to fetch at start, instead of the tokenizer built into the .wasm.
     pub tokenizer_dir: Option<PathBuf>,
+    /// `tokenizer_dir` exists only where Envoy runs (a Kubernetes pod's volume): it is not
+    /// looked at here, and is taken to hold both files.
+    pub tokenizer_dir_remote: bool,
     pub assets_port: u16,
     pub admin_port: u16,
     /// `ip:port` of every pod the filter knows (plugin configuration).
@@ -70,6 +73,7 @@ impl EnvoySettings {
             listen_port,
             stats_port: None,
             tokenizer_dir: None,
+            tokenizer_dir_remote: false,
             assets_port: 9903,
             admin_port,
             pods,
@@ -107,7 +111,7 @@ impl EnvoySettings {
         });
         if let Some(obj) = v.as_object_mut() {
             if let Some(dir) = &self.tokenizer_dir {
-                let cfg = dir.join("tokenizer_config.json").is_file();
+                let cfg = self.tokenizer_dir_remote || dir.join("tokenizer_config.json").is_file();
                 obj.insert(
                     "tokenizer".into(),
                     json!({"cluster": ASSETS_CLUSTER,
@@ -176,6 +180,10 @@ pub fn render_unchecked(settings: &EnvoySettings, template_dir: &Path) -> anyhow
         ),
     };
     let (tokenizer_json, tokenizer_config) = match &settings.tokenizer_dir {
+        Some(dir) if settings.tokenizer_dir_remote => (
+            Some(dir.join("tokenizer.json").display().to_string()),
+            Some(dir.join("tokenizer_config.json").display().to_string()),
+        ),
         Some(dir) => {
             let dir = std::path::absolute(dir)?;
             let json = dir.join("tokenizer.json");

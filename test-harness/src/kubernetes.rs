@@ -15,8 +15,10 @@ use std::path::{Path, PathBuf};
 
 /// The namespace every manifest uses.
 pub const NAMESPACE: &str = "prefix-router";
-/// Where the Envoy Deployment's init container puts the filter.
+/// Where the Envoy Deployment's init containers put the filter and the model's tokenizer
+/// files (which Envoy serves to the filter on a loopback listener).
 pub const WASM_IN_POD: &str = "/etc/prefix-router/prefix_router_filter.wasm";
+pub const MODEL_IN_POD: &str = "/etc/prefix-router/model";
 /// Ports of the Envoy pod: inference, admin (127.0.0.1 only), stats (`/stats/prometheus`,
 /// `/ready`).
 pub const ENVOY_PORTS: (u16, u16, u16) = (10000, 9901, 9902);
@@ -68,6 +70,8 @@ pub fn envoy_settings(service: &str, port: u16) -> EnvoySettings {
     s.listen_address = "0.0.0.0".into();
     s.stats_port = Some(stats);
     s.debug_headers = false;
+    s.tokenizer_dir = Some(MODEL_IN_POD.into());
+    s.tokenizer_dir_remote = true;
     s
 }
 

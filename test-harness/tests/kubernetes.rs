@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use test_harness::cluster::validate_config;
 use test_harness::kubernetes::{
-    generated, manifests_dir, objects, Object, ENVOY_PORTS, FLEETS, WASM_IN_POD,
+    generated, manifests_dir, objects, Object, ENVOY_PORTS, FLEETS, MODEL_IN_POD, WASM_IN_POD,
 };
 use test_harness::paths;
 
@@ -226,6 +226,10 @@ fn the_objects_fit_together() {
             Path::new(WASM_IN_POD).parent().unwrap(),
             Path::new(&mount_of("wasm"))
         );
+        // an init container writes the model's files under that mount
+        let inits = pod["initContainers"].to_string();
+        let in_init = MODEL_IN_POD.replace(&mount_of("wasm"), "/wasm");
+        assert!(inits.contains(&format!("{in_init}/")), "{inits}");
         let config = configmap_file(&objs, "envoy-config", "envoy.yaml");
         let (listen, _, stats) = ENVOY_PORTS;
         assert!(config.contains(&format!(
@@ -262,8 +266,13 @@ fn the_envoy_configurations_pass_envoy_validate() {
         let objs = fleet_objects(fleet);
         let config = configmap_file(&objs, "envoy-config", "envoy.yaml");
         assert!(config.contains(WASM_IN_POD));
-        // the filter is where the init container puts it in the pod; here, the built one
-        let local = config.replace(WASM_IN_POD, &wasm.display().to_string());
+        // the filter and the model's files are where the init containers put them in the pod;
+        // here, the built filter and the installed model
+        assert!(config.contains(&format!("{MODEL_IN_POD}/tokenizer.json")));
+        let model = model_server::config::default_model_dir();
+        let local = config
+            .replace(WASM_IN_POD, &wasm.display().to_string())
+            .replace(MODEL_IN_POD, &model.display().to_string());
         let path = dir.join(format!("{fleet}-envoy.yaml"));
         std::fs::write(&path, local).unwrap();
         validate_config(&path).unwrap();
