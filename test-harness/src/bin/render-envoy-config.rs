@@ -55,6 +55,10 @@ struct Args {
     /// tokenizer built into the .wasm.
     #[arg(long)]
     tokenizer_dir: Option<PathBuf>,
+    /// `--tokenizer-dir` exists only where Envoy runs (e.g. a Kubernetes pod's volume): not
+    /// checked here, taken to hold both files.
+    #[arg(long, requires = "tokenizer_dir")]
+    tokenizer_dir_in_envoy: bool,
     /// Loopback port on which Envoy serves the tokenizer files.
     #[arg(long, default_value_t = 9903)]
     assets_port: u16,
@@ -118,6 +122,7 @@ fn main() -> anyhow::Result<()> {
     s.listen_address = a.listen_address.to_string();
     s.stats_port = a.stats_port;
     s.tokenizer_dir = a.tokenizer_dir;
+    s.tokenizer_dir_remote = a.tokenizer_dir_in_envoy;
     if !a.adapters.is_empty() {
         s.extra
             .insert("adapters".into(), serde_json::json!(a.adapters));
