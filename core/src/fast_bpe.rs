@@ -526,36 +526,8 @@ impl FastBpe {
     /// the regex). Same leftmost-first alternation as the pattern, several times faster than the
     /// regex's automata for the English-heavy text most prompts are.
     fn ascii_match_end(b: &[u8], pos: usize) -> Option<usize> {
-        #[derive(Clone, Copy, PartialEq)]
-        enum Class {
-            Letter,
-            Digit,
-            Space,
-            Other,
-        }
-        // `None` for non-ASCII: its Unicode class is not known here
-        let class = |i: usize| -> Option<Class> {
-            let c = *b.get(i)?;
-            match c {
-                b'a'..=b'z' | b'A'..=b'Z' => Some(Class::Letter),
-                b'0'..=b'9' => Some(Class::Digit),
-                // the regex crate's Unicode `\s` on ASCII: \t \n \v \f \r and space
-                b'\t' | b'\n' | 0x0B | 0x0C | b'\r' | b' ' => Some(Class::Space),
-                0x80.. => None,
-                _ => Some(Class::Other),
-            }
-        };
-        // end of the run of `want` starting at `i`; `None` if a non-ASCII byte could extend it
-        let run = |mut i: usize, want: Class| -> Option<usize> {
-            while i < b.len() {
-                match class(i) {
-                    Some(c) if c == want => i += 1,
-                    Some(_) => return Some(i),
-                    None => return None,
-                }
-            }
-            Some(i)
-        };
+        let class = |i: usize| ascii_class(b, i);
+        let run = |i: usize, want: Class| ascii_run(b, i, want);
         let first = class(pos)?;
         if b[pos] == b'\'' {
             let rest = &b[pos + 1..];

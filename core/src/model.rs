@@ -244,30 +244,34 @@ impl ModelBundle {
     }
 }
 
+/// `tokenizer.json` of a test tokenizer in which every character is a token (ids 0–255 for
+/// U+0000–U+00FF), for unit tests here and in the filter.
+#[doc(hidden)]
+pub fn tiny_tokenizer_json() -> String {
+    let vocab: serde_json::Map<String, serde_json::Value> = (0u8..=255)
+        .map(|b| (String::from(b as char), serde_json::json!(b)))
+        .collect();
+    serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null,
+        // WordLevel needs a splitter: one token per character
+        "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "."}, "behavior": "Isolated", "invert": false},
+        "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "?"}
+    })
+    .to_string()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::request::{parse_request, Endpoint};
 
     fn bundle() -> ModelBundle {
-        let vocab: serde_json::Map<String, serde_json::Value> = (0u8..=127)
-            .map(|b| (String::from(b as char), serde_json::json!(b)))
-            .collect();
-        let tok = serde_json::json!({
-            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-            "normalizer": null,
-            "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "."}, "behavior": "Isolated", "invert": false},
-            "post_processor": null, "decoder": null,
-            "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "?"}
-        });
-        ModelBundle::new(
-            "base",
-            tok.to_string().as_bytes(),
-            None,
-            BlockSize::new(4).unwrap(),
-        )
-        .unwrap()
-        .with_adapters(vec!["sql-lora".into(), "chat-lora".into()])
+        let tok = tiny_tokenizer_json();
+        ModelBundle::new("base", tok.as_bytes(), None, BlockSize::new(4).unwrap())
+            .unwrap()
+            .with_adapters(vec!["sql-lora".into(), "chat-lora".into()])
     }
 
     fn hashes(b: &ModelBundle, model: &str) -> Result<Vec<BlockHash>, ApiError> {

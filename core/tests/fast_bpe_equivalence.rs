@@ -20,28 +20,14 @@ fn tokenizer() -> Tokenizer {
     Tokenizer::from_json_bytes(&tokenizer_json()).unwrap()
 }
 
+mod common;
+
 fn check(t: &Tokenizer, text: &str) {
-    let fast = t.encode(text).unwrap();
-    let reference = t.encode_reference(text).unwrap();
-    assert_eq!(fast, reference, "mismatch for {text:?}");
+    common::check("SmolLM2", t, text);
 }
 
-/// 30,000 strings of up to `max_len` pieces drawn from `alphabet` (seeded xorshift).
 fn check_random(t: &Tokenizer, alphabet: &[&str], seed: u64, max_len: u64) {
-    let mut state = seed;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
-    for _ in 0..30_000 {
-        let len = next() % max_len;
-        let text: String = (0..len)
-            .map(|_| alphabet[(next() % alphabet.len() as u64) as usize])
-            .collect();
-        check(t, &text);
-    }
+    common::check_random("SmolLM2", t, alphabet, seed, 30_000, max_len);
 }
 
 #[test]

@@ -22,11 +22,8 @@ fn tokenizer(family: &str) -> Tokenizer {
     Tokenizer::from_json_bytes(&json).unwrap()
 }
 
-fn check(family: &str, t: &Tokenizer, text: &str) {
-    let fast = t.encode(text).unwrap();
-    let reference = t.encode_reference(text).unwrap();
-    assert_eq!(fast, reference, "{family}: mismatch for {text:?}");
-}
+mod common;
+use common::{check, check_random};
 
 const TEXTS: [&str; 20] = [
     "",
@@ -142,20 +139,14 @@ fn random_strings_match() {
     ];
     for (i, f) in FAMILIES.into_iter().enumerate() {
         let t = tokenizer(f);
-        let mut state = 0x1234_5678_9abc_def0u64 ^ i as u64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
-        for _ in 0..20_000 {
-            let len = next() % 24;
-            let text: String = (0..len)
-                .map(|_| alphabet[(next() % alphabet.len() as u64) as usize])
-                .collect();
-            check(f, &t, &text);
-        }
+        check_random(
+            f,
+            &t,
+            &alphabet,
+            0x1234_5678_9abc_def0 ^ i as u64,
+            20_000,
+            24,
+        );
     }
 }
 
@@ -218,19 +209,14 @@ fn random_ascii_heavy_strings_match() {
     }
     for (i, f) in FAMILIES.into_iter().enumerate() {
         let t = tokenizer(f);
-        let mut state = 0x0bad_cafe_dead_beefu64 ^ (i as u64) << 7;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
-        for _ in 0..30_000 {
-            let len = next() % 20;
-            let text: String = (0..len)
-                .map(|_| alphabet[(next() % alphabet.len() as u64) as usize].as_str())
-                .collect();
-            check(f, &t, &text);
-        }
+        let alphabet: Vec<&str> = alphabet.iter().map(String::as_str).collect();
+        check_random(
+            f,
+            &t,
+            &alphabet,
+            0x0bad_cafe_dead_beef ^ (i as u64) << 7,
+            30_000,
+            20,
+        );
     }
 }

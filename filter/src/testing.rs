@@ -4,22 +4,7 @@ use crate::router::Router;
 use prefix_core::router_config::RouterConfig;
 use prefix_core::{BlockSize, ModelBundle};
 
-/// `tokenizer.json` of a byte-level tokenizer good enough for routing tests: each character
-/// is a token.
-pub fn tiny_tokenizer_json() -> String {
-    let vocab: serde_json::Map<String, serde_json::Value> = (0u8..=255)
-        .map(|b| (String::from(b as char), serde_json::json!(b)))
-        .collect();
-    let tok = serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-        "normalizer": null,
-        // WordLevel needs a splitter: one token per character
-        "pre_tokenizer": {"type": "Split", "pattern": {"Regex": "."}, "behavior": "Isolated", "invert": false},
-        "post_processor": null, "decoder": null,
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "?"}
-    });
-    tok.to_string()
-}
+pub use prefix_core::model::tiny_tokenizer_json;
 
 /// A bundle of [`tiny_tokenizer_json`].
 pub fn tiny_bundle(block: u32) -> ModelBundle {
