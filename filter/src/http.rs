@@ -55,7 +55,7 @@ impl<H: Host> RouterHttp<H> {
             Some(&placed.destination()),
         );
         if let Some(m) = &self.metrics {
-            m.decision(placed.decision.reason);
+            m.decision(placed.decision.reason, placed.model);
         }
         self.placed = Some(placed);
     }
@@ -267,7 +267,11 @@ mod tests {
     fn setup(extra: &str) -> (Rc<FakeHost>, Rc<Router>, Rc<Metrics<FakeHost>>) {
         let host = Rc::new(FakeHost::default());
         let router = Rc::new(testing::router(extra));
-        let metrics = Rc::new(Metrics::define(Rc::clone(&host), &router.config.model_name));
+        let metrics = Rc::new(Metrics::define(
+            Rc::clone(&host),
+            &router.config.model_name,
+            &router.config.adapters,
+        ));
         (host, router, metrics)
     }
 

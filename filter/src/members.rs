@@ -106,6 +106,9 @@ pub fn write_slots<S: Store>(store: &S, key: &str, slots: &Slots, cas: Option<u3
 pub struct Placement {
     pub decision: Decision,
     pub members: Rc<Members>,
+    /// Which of the router's model names the request named (0: the base model, or none;
+    /// `i + 1`: `adapters[i]`): the `model` label of its decision counter.
+    pub model: usize,
 }
 
 impl Placement {
@@ -163,6 +166,7 @@ mod tests {
         let p = Placement {
             decision: d,
             members: Rc::new(m),
+            model: 0,
         };
         assert_eq!(p.destination(), "127.0.0.1:3,127.0.0.1:1");
         assert_eq!(p.slot(), Some(2));

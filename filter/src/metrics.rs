@@ -34,8 +34,8 @@ struct PodIds {
 
 pub struct Metrics<H: Host> {
     host: Rc<H>,
-    /// indexed by [`ReasonKind::index`]
-    reasons: Vec<Id>,
+    /// per model name (the base model, then each adapter), indexed by [`ReasonKind::index`]
+    reasons: Vec<Vec<Id>>,
     matched_blocks: Id,
     table_entries: Id,
     table_replacements: Id,
@@ -66,14 +66,19 @@ pub fn decision_metric(kind: ReasonKind, model: &str) -> String {
 }
 
 impl<H: Host> Metrics<H> {
-    /// Defines every metric (idempotent per VM), decisions for the served `model`. A metric
-    /// that cannot be defined is skipped.
-    pub fn define(host: Rc<H>, model: &str) -> Self {
+    /// Defines every metric (idempotent per VM), decisions for the served `model` and each of
+    /// its `adapters`. A metric that cannot be defined is skipped.
+    pub fn define(host: Rc<H>, model: &str, adapters: &[String]) -> Self {
         use MetricKind::{Counter, Gauge, Histogram};
         let def = |kind, name: &str| Id(host.define_metric(kind, name));
         Metrics {
-            reasons: ReasonKind::iter()
-                .map(|k| def(Counter, &decision_metric(k, model)))
+            reasons: std::iter::once(model)
+                .chain(adapters.iter().map(String::as_str))
+                .map(|m| {
+                    ReasonKind::iter()
+                        .map(|k| def(Counter, &decision_metric(k, m)))
+                        .collect()
+                })
                 .collect(),
             matched_blocks: def(Counter, "prefix_router_matched_blocks"),
             table_entries: def(Gauge, "prefix_router_table_entries"),
@@ -143,9 +148,12 @@ impl<H: Host> Metrics<H> {
         }
     }
 
-    pub fn decision(&self, reason: Reason) {
+    /// A decision for the request that named model `model` (0: the base model, `i + 1`:
+    /// adapter `i`).
+    pub fn decision(&self, reason: Reason, model: usize) {
         self.inc(self.matched_blocks, reason.matched_blocks() as i64);
-        if let Some(&id) = self.reasons.get(reason.kind().index()) {
+        let ids = self.reasons.get(model).or_else(|| self.reasons.first());
+        if let Some(&id) = ids.and_then(|ids| ids.get(reason.kind().index())) {
             self.inc(id, 1);
         }
     }

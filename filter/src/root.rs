@@ -97,7 +97,7 @@ impl<H: Host> RouterRoot<H> {
         if tick_ms > 0 {
             host.set_tick_period(Duration::from_millis(tick_ms));
         }
-        let metrics = Metrics::define(Rc::clone(host), &config.model_name);
+        let metrics = Metrics::define(Rc::clone(host), &config.model_name, &config.adapters);
         metrics.define_pods(&config.pods);
         metrics.tokenizer_loaded(bundle.is_ok());
         self.metrics = Some(Rc::new(metrics));

@@ -225,6 +225,7 @@ impl Router {
         Some(Placement {
             decision: Decision { reason, ..d },
             members: fleet.members,
+            model: 0,
         })
     }
 
@@ -239,9 +240,14 @@ impl Router {
         body: &[u8],
     ) -> Result<Option<Routed>, ApiError> {
         let req = parse_request(endpoint, body)?;
+        let model = req
+            .model
+            .as_ref()
+            .and_then(|m| self.config.adapters.iter().position(|a| a == m))
+            .map_or(0, |i| i + 1);
         let fallback = |this: &Self| {
             this.plain(store, Reason::Fallback).map(|placed| Routed {
-                placed,
+                placed: Placement { model, ..placed },
                 table: RecordStats::default(),
                 prefix_hash: None,
                 counted: false,
@@ -270,6 +276,7 @@ impl Router {
         let placed = Placement {
             decision,
             members: Rc::clone(&fleet.members),
+            model,
         };
         let table = owners.record(&prompt.hashes, placed.pod(), generation);
         // the in-flight read above is usually still current: one write, no second read
