@@ -486,19 +486,9 @@ fn lora_adapters_route_apart_from_the_base_model() {
     }
     assert_eq!(prefixes.len(), 3);
     // decisions are counted by the model each request named, adapters included
-    let stats = f
-        .http
-        .get(f.envoy.admin_url("/stats/prometheus"))
-        .send()
-        .unwrap()
-        .text()
-        .unwrap();
     for model in ["sql-lora", "chat-lora"] {
-        let n = test_harness::cluster::metric_value(
-            &stats,
-            &format!("prefix_router_decisions{{model=\"{model}\"}}"),
-        );
-        assert_eq!(n, Some(2.0), "{model}");
+        let name = format!("prefix_router_decisions{{model=\"{model}\"}}");
+        assert_eq!(f.stat(&f.envoy, &name), 2.0, "{model}");
     }
     let unknown = f.send("/v1/completions", &body("other-lora"), &[]);
     assert_eq!(unknown.status, 404, "{}", unknown.body);
