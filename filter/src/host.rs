@@ -74,6 +74,21 @@ pub trait Host: Store {
     /// The body of the HTTP call being answered.
     fn http_call_body(&self, size: usize) -> Option<Vec<u8>>;
 
+    /// The body of the HTTP call being answered, if it answered 200 with at most `max`
+    /// bytes; else why not (`answered 404`, `no answer …`, `… bytes is over …`).
+    fn http_call_ok_body(&self, size: usize, max: usize) -> Result<Vec<u8>, String> {
+        match self.http_call_status().as_deref() {
+            Some("200") => {}
+            Some(other) => return Err(format!("answered {other}")),
+            None => return Err("no answer (timed out, or no such cluster)".to_owned()),
+        }
+        if size > max {
+            return Err(format!("{size} bytes is over the limit of {max}"));
+        }
+        self.http_call_body(size)
+            .ok_or_else(|| "answered without a body".to_owned())
+    }
+
     /// A header of the current stream.
     fn header(&self, map: Headers, name: &str) -> Option<String>;
     /// Sets (or with `None` removes) a header of the current stream.

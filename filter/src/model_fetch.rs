@@ -106,22 +106,9 @@ impl ModelFetch {
             Part::Tokenizer => src.path.as_str(),
             Part::Config => src.config_path.as_deref().unwrap_or(""),
         };
-        let status = host.http_call_status();
-        let body = if status.as_deref() != Some("200") {
-            Err(format!(
-                "GET {path} answered {}",
-                status
-                    .as_deref()
-                    .unwrap_or("nothing (no answer in time, or no such cluster)")
-            ))
-        } else if body_size > MAX_TOKENIZER_BYTES {
-            Err(format!(
-                "GET {path}: {body_size} bytes is over {MAX_TOKENIZER_BYTES}"
-            ))
-        } else {
-            host.http_call_body(body_size)
-                .ok_or_else(|| format!("GET {path}: no body"))
-        };
+        let body = host
+            .http_call_ok_body(body_size, MAX_TOKENIZER_BYTES)
+            .map_err(|why| format!("GET {path} {why}"));
         let body = match body {
             Ok(b) => b,
             Err(why) => {

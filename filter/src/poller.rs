@@ -297,20 +297,9 @@ impl Poller {
         let Some(d) = &router.config.discovery else {
             return;
         };
-        let status = host.http_call_status();
-        let result = if status.as_deref() != Some("200") {
-            Err(format!(
-                "answered status {}",
-                status.as_deref().unwrap_or("none (no answer)")
-            ))
-        } else if body_size > MAX_CLUSTERS_BODY {
-            Err(format!(
-                "answer of {body_size} bytes is over {MAX_CLUSTERS_BODY}"
-            ))
-        } else {
-            let body = host.http_call_body(body_size).unwrap_or_default();
-            apply_members(host, router, &d.cluster, &body)
-        };
+        let result = host
+            .http_call_ok_body(body_size, MAX_CLUSTERS_BODY)
+            .and_then(|body| apply_members(host, router, &d.cluster, &body));
         match result {
             Ok(c) if c.is_empty() => {}
             Ok(c) => {
