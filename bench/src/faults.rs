@@ -66,12 +66,6 @@ fn body(i: usize) -> (Value, bool) {
     )
 }
 
-fn failed_between(o: &[Outcome], from: f64, to: f64) -> Vec<&Outcome> {
-    o.iter()
-        .filter(|x| x.failure.is_some() && x.sent_s >= from && x.sent_s < to)
-        .collect()
-}
-
 /// Seconds until `cond` holds (polled every 20 ms), up to `limit`.
 fn time_until(limit: Duration, mut cond: impl FnMut() -> bool) -> Option<f64> {
     let t = Instant::now();
@@ -89,6 +83,7 @@ pub struct FaultReport {
     pub params: FaultParams,
     pub kill_requests_in_window: usize,
     pub kill_failed: usize,
+    /// failures after a 200 answer had begun (nothing can retry those)
     pub kill_failed_streams_started: usize,
     pub kill_in_flight_at_kill: usize,
     pub kill_failures: Vec<String>,
@@ -201,7 +196,11 @@ pub fn run(p: &FaultParams, out: &Path) -> anyhow::Result<FaultReport> {
         .iter()
         .filter(|o| o.sent_s >= kill_at - 1.0 && o.sent_s < end_kill)
         .collect();
-    let kill_failed = failed_between(&outcomes, kill_at - 1.0, end_kill);
+    let kill_failed: Vec<&Outcome> = window
+        .iter()
+        .copied()
+        .filter(|o| o.failure.is_some())
+        .collect();
     let in_flight = in_flight_at(&outcomes, kill_at);
 
     // 4. unique prompts: is Envoy's memory bounded?
@@ -278,13 +277,7 @@ pub fn run(p: &FaultParams, out: &Path) -> anyhow::Result<FaultReport> {
         params: p.clone(),
         kill_requests_in_window: window.len(),
         kill_failed: kill_failed.len(),
-        kill_failed_streams_started: kill_failed
-            .iter()
-            .filter(|o| {
-                o.failure.as_deref() == Some("stream cut")
-                    || o.failure.as_deref().is_some_and(|f| f.starts_with("body"))
-            })
-            .count(),
+        kill_failed_streams_started: kill_failed.iter().filter(|o| o.started).count(),
         kill_in_flight_at_kill: in_flight,
         kill_failures: kill_failed
             .iter()
@@ -328,7 +321,7 @@ pub fn table(r: &FaultReport) -> String {
     let mut t = String::new();
     t += "   | fault | figure |\n   |---|---|\n";
     t += &format!(
-        "   | kill -9 a pod at {} req/s | {} failed of {} sent from 1 s before to 5 s after ({} in flight at the kill, {} of the failures streams already started) |\n",
+        "   | kill -9 a pod at {} req/s | {} failed of {} sent from 1 s before to 5 s after ({} in flight at the kill, {} of the failures had already started answering) |\n",
         r.params.rate, r.kill_failed, r.kill_requests_in_window, r.kill_in_flight_at_kill, r.kill_failed_streams_started
     );
     t += &format!(

@@ -19,6 +19,9 @@ pub struct Outcome {
     pub sent_s: f64,
     pub done_s: f64,
     pub stream: bool,
+    /// A 200 answer had begun (a failure then came while its body was read: nothing could
+    /// retry it)
+    pub started: bool,
     /// `None` when it succeeded; else the status or error
     pub failure: Option<String>,
 }
@@ -54,7 +57,9 @@ impl Load {
                     let job = rx.lock().ok().and_then(|r| r.recv().ok());
                     let Some((i, sent_s)) = job else { break };
                     let (b, stream) = body(i);
-                    let failure = match http.post(&url).json(&b).send() {
+                    let answer = http.post(&url).json(&b).send();
+                    let started = answer.as_ref().is_ok_and(|r| r.status() == 200);
+                    let failure = match answer {
                         Ok(r) if r.status() == 200 => match r.bytes() {
                             Ok(bytes) if !stream || bytes.ends_with(b"data: [DONE]\n\n") => None,
                             Ok(_) => Some("stream cut".to_owned()),
@@ -74,6 +79,7 @@ impl Load {
                             sent_s,
                             done_s,
                             stream,
+                            started,
                             failure,
                         });
                     }
