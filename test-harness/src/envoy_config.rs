@@ -92,6 +92,28 @@ impl EnvoySettings {
         }
     }
 
+    /// The files Envoy serves from `tokenizer_dir`: `tokenizer.json` and, when there is one,
+    /// `tokenizer_config.json` (both assumed in a directory that exists only where Envoy
+    /// runs). An error when a local directory has no `tokenizer.json`.
+    pub fn tokenizer_files(&self) -> anyhow::Result<Option<(PathBuf, Option<PathBuf>)>> {
+        let Some(dir) = &self.tokenizer_dir else {
+            return Ok(None);
+        };
+        if self.tokenizer_dir_remote {
+            return Ok(Some((
+                dir.join("tokenizer.json"),
+                Some(dir.join("tokenizer_config.json")),
+            )));
+        }
+        let dir = std::path::absolute(dir)?;
+        let json = dir.join("tokenizer.json");
+        if !json.is_file() {
+            anyhow::bail!("no tokenizer.json in {}", dir.display());
+        }
+        let cfg = dir.join("tokenizer_config.json");
+        Ok(Some((json, cfg.is_file().then_some(cfg))))
+    }
+
     /// The filter's plugin configuration JSON.
     pub fn plugin_config(&self) -> String {
         let pods = match self.membership {
@@ -110,8 +132,8 @@ impl EnvoySettings {
             "poll_interval_ms": self.poll_interval_ms,
         });
         if let Some(obj) = v.as_object_mut() {
-            if let Some(dir) = &self.tokenizer_dir {
-                let cfg = self.tokenizer_dir_remote || dir.join("tokenizer_config.json").is_file();
+            if let Ok(Some((_, cfg))) = self.tokenizer_files() {
+                let cfg = cfg.is_some();
                 obj.insert(
                     "tokenizer".into(),
                     json!({"cluster": ASSETS_CLUSTER,
@@ -179,23 +201,11 @@ pub fn render_unchecked(settings: &EnvoySettings, template_dir: &Path) -> anyhow
             p.parent().map(|d| d.display().to_string()),
         ),
     };
-    let (tokenizer_json, tokenizer_config) = match &settings.tokenizer_dir {
-        Some(dir) if settings.tokenizer_dir_remote => (
-            Some(dir.join("tokenizer.json").display().to_string()),
-            Some(dir.join("tokenizer_config.json").display().to_string()),
+    let (tokenizer_json, tokenizer_config) = match settings.tokenizer_files()? {
+        Some((json, cfg)) => (
+            Some(json.display().to_string()),
+            cfg.map(|c| c.display().to_string()),
         ),
-        Some(dir) => {
-            let dir = std::path::absolute(dir)?;
-            let json = dir.join("tokenizer.json");
-            if !json.is_file() {
-                anyhow::bail!("no tokenizer.json in {}", dir.display());
-            }
-            let cfg = dir.join("tokenizer_config.json");
-            (
-                Some(json.display().to_string()),
-                cfg.is_file().then(|| cfg.display().to_string()),
-            )
-        }
         None => (None, None),
     };
     let mut env = minijinja::Environment::new();
