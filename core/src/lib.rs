@@ -23,7 +23,8 @@
 //!   the rules that change it.
 //! - [`protocol`]: **the wire types** — the cache-events page the pods serve and the filter
 //!   polls, header names, shared defaults.
-//! - [`router_config`]: the filter's plugin configuration, typed and validated once.
+//! - [`router_config`], [`plugin_config`]: the filter's plugin configuration (one model's
+//!   settings; the models one filter serves), typed and validated once.
 
 pub mod block;
 pub mod error;
@@ -31,6 +32,7 @@ pub mod fast_bpe;
 pub mod liveness;
 pub mod membership;
 pub mod model;
+pub mod plugin_config;
 pub mod policy;
 pub mod protocol;
 pub mod request;

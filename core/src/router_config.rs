@@ -95,6 +95,11 @@ pub struct RouterConfig {
     /// balancer may pick another pod).
     #[serde(default = "default_cluster")]
     pub cluster: String,
+    /// The Envoy cluster that holds this model's pods and that its requests are routed to.
+    /// With several models (`models`), the filter names it in `x-prefix-router-cluster` and
+    /// the listener's routes match on that header, one route per cluster.
+    #[serde(default = "default_pods_cluster")]
+    pub route_cluster: String,
 }
 
 /// Where the pods come from when they are not a fixed list: the members of an Envoy cluster,
@@ -193,7 +198,7 @@ pub struct ConfigError {
     pub reason: String,
 }
 
-fn err(field: &str, reason: impl Into<String>) -> ConfigError {
+pub(crate) fn err(field: &str, reason: impl Into<String>) -> ConfigError {
     ConfigError {
         field: field.to_owned(),
         reason: reason.into(),
@@ -290,6 +295,9 @@ impl RouterConfig {
         }
         if self.cluster.is_empty() {
             return Err(err("cluster", "must not be empty"));
+        }
+        if self.route_cluster.is_empty() {
+            return Err(err("route_cluster", "must not be empty"));
         }
         let w = &self.weights;
         for (name, v) in [

@@ -1,24 +1,33 @@
 //! The HTTP context: one per request stream. It scrubs any client-sent destination, holds an
-//! inference request until its body is complete, asks the [`Router`] for a decision and writes
-//! it to the destination header; on the response it notes a pod that refused the connection,
+//! inference request until its body is complete, finds its model's [`Router`], asks it for a
+//! decision and writes it to the destination header (and, with several models, the model's
+//! cluster to the route-cluster header); on the response it notes a pod that refused the connection,
 //! adds the debug headers, and at the end releases the request's in-flight slot.
 
 use crate::host::{EnvoyHost, Headers, Host, Level};
 use crate::members::Placement;
 use crate::metrics::Metrics;
+use crate::models::{Lookup, Model, Models};
 use crate::poller::mark_down;
 use crate::router::Router;
 use prefix_core::liveness::is_connect_failure;
 use prefix_core::policy::Reason;
 use prefix_core::protocol::headers::{self, debug};
-use prefix_core::request::Endpoint;
+use prefix_core::request::{parse_request, Endpoint};
 use prefix_core::ApiError;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 use std::rc::Rc;
 
+/// The path of the OpenAI model list, answered by the filter itself when it serves several
+/// models (each pool knows only its own).
+const MODELS_PATH: &str = "/v1/models";
+
 pub struct RouterHttp<H: Host> {
     host: Rc<H>,
+    models: Option<Rc<Models<H>>>,
+    /// The request's model's router and metrics, once known (the default model's for
+    /// requests that are not inference requests).
     router: Option<Rc<Router>>,
     metrics: Option<Rc<Metrics<H>>>,
     /// Set for an inference request (POST to a completions path) until it is decided.
@@ -32,17 +41,26 @@ pub struct RouterHttp<H: Host> {
 }
 
 impl<H: Host> RouterHttp<H> {
-    pub fn new(host: Rc<H>, router: Option<Rc<Router>>, metrics: Option<Rc<Metrics<H>>>) -> Self {
+    pub fn new(host: Rc<H>, models: Option<Rc<Models<H>>>) -> Self {
         RouterHttp {
             host,
-            router,
-            metrics,
+            models,
+            router: None,
+            metrics: None,
             endpoint: None,
             placed: None,
             prefix_hash: None,
             counted: false,
             done: false,
         }
+    }
+
+    /// This request is for `model`: its router decides, its metrics count, and with several
+    /// models Envoy is told its cluster.
+    fn use_model(&mut self, models: &Models<H>, model: &Model<H>) {
+        self.router = Some(Rc::clone(&model.router));
+        self.metrics = Some(Rc::clone(&model.metrics));
+        models.set_route_cluster(&*self.host, model);
     }
 
     /// Writes the chosen pod, then its fallbacks: `ip:port,ip:port,…`. Envoy's override-host
@@ -62,7 +80,11 @@ impl<H: Host> RouterHttp<H> {
 
     fn reject(&mut self, e: &ApiError) -> Action {
         self.done = true;
-        if let Some(m) = &self.metrics {
+        let metrics = self.metrics.clone().or_else(|| {
+            let models = self.models.as_ref()?;
+            Some(Rc::clone(&models.default_model()?.metrics))
+        });
+        if let Some(m) = metrics {
             m.rejected();
         }
         let json = e.to_json();
@@ -76,29 +98,42 @@ impl<H: Host> RouterHttp<H> {
 
     /// The body must fit `max_body_bytes`: checked on the declared length before buffering
     /// and on what was buffered (a body may come without a length).
-    fn too_large(router: &Router, len: usize) -> Option<ApiError> {
-        let limit = router.config.max_body_bytes;
+    fn too_large(models: &Models<H>, len: usize) -> Option<ApiError> {
+        let limit = models.config.max_body_bytes();
         (len > limit).then(|| ApiError::too_large(limit))
     }
 
     /// The whole body is here: decide and let the request go.
     fn finish(&mut self, body_size: usize) -> Action {
         self.done = true;
-        let (Some(router), Some(endpoint)) = (self.router.clone(), self.endpoint) else {
+        let (Some(models), Some(endpoint)) = (self.models.clone(), self.endpoint) else {
             return Action::Continue;
         };
         let body = self.host.request_body(body_size).unwrap_or_default();
         let started = self.host.now_nanos();
-        match router.route(&*self.host, endpoint, &body) {
+        let req = match parse_request(endpoint, &body) {
+            Ok(r) => r,
+            Err(e) => return self.reject(&e),
+        };
+        let (model, known) = match models.lookup(req.model.as_deref()) {
+            Lookup::Served(m) => (m, true),
+            Lookup::Unknown(m) => (m, false),
+            Lookup::NotFound(e) => return self.reject(&e),
+        };
+        self.use_model(&models, model);
+        let host = &*self.host;
+        let routed = match known {
+            true => model.router.route_request(host, &req),
+            false => Ok(model.router.by_load(host, 0)),
+        };
+        match routed {
             // no members at all: nothing to choose from; Envoy balances it (or answers 503)
             Ok(None) => Action::Continue,
             Ok(Some(routed)) => {
-                if let Some(m) = &self.metrics {
-                    let t = &routed.table;
-                    m.table(t.filled, t.replaced, t.conflicts);
-                    let took_us = self.host.now_nanos().saturating_sub(started) / 1_000;
-                    m.route_time(took_us, routed.prepare_us);
-                }
+                let t = &routed.table;
+                model.metrics.table(t.filled, t.replaced, t.conflicts);
+                let took_us = host.now_nanos().saturating_sub(started) / 1_000;
+                model.metrics.route_time(took_us, routed.prepare_us);
                 self.prefix_hash = routed.prefix_hash.map(|h| h.to_hex());
                 self.counted = routed.counted;
                 self.set_destination(routed.placed);
@@ -109,27 +144,44 @@ impl<H: Host> RouterHttp<H> {
     }
 
     pub fn request_headers(&mut self, end_of_stream: bool) -> Action {
-        // Never honour a client-supplied destination.
-        self.host
-            .set_header(Headers::Request, headers::DESTINATION, None);
-        let Some(router) = self.router.clone() else {
+        // Never honour a client-supplied destination (or cluster).
+        let host = Rc::clone(&self.host);
+        host.set_header(Headers::Request, headers::DESTINATION, None);
+        let Some(models) = self.models.clone() else {
             // Not configured: Envoy would not have loaded us; let the route decide.
             return Action::Continue;
         };
-        let header = |name| self.host.header(Headers::Request, name).unwrap_or_default();
+        if models.config.several {
+            host.set_header(Headers::Request, headers::ROUTE_CLUSTER, None);
+        }
+        let header = |name| host.header(Headers::Request, name).unwrap_or_default();
         let (path, method) = (header(":path"), header(":method"));
         self.endpoint = Endpoint::from_path(&path).filter(|_| method == "POST");
         if self.endpoint.is_none() {
-            if let Some(placed) = router.plain(&*self.host, Reason::Passthrough) {
+            let bare = path.split('?').next().unwrap_or_default();
+            if models.config.several && method == "GET" && bare == MODELS_PATH {
+                self.done = true;
+                let created = host.now_nanos() / 1_000_000_000;
+                host.send_response(
+                    200,
+                    &[("content-type", "application/json")],
+                    models.list_json(created).as_bytes(),
+                );
+                return Action::Pause;
+            }
+            let Some(model) = models.default_model() else {
+                return Action::Continue;
+            };
+            self.use_model(&models, model);
+            if let Some(placed) = model.router.plain(&*host, Reason::Passthrough) {
                 self.set_destination(placed);
             }
             return Action::Continue;
         }
-        let declared = self
-            .host
+        let declared = host
             .header(Headers::Request, "content-length")
             .and_then(|v| v.parse::<usize>().ok());
-        if let Some(e) = declared.and_then(|n| Self::too_large(&router, n)) {
+        if let Some(e) = declared.and_then(|n| Self::too_large(&models, n)) {
             return self.reject(&e);
         }
         if end_of_stream {
@@ -144,9 +196,9 @@ impl<H: Host> RouterHttp<H> {
             return Action::Continue;
         }
         if let Some(e) = self
-            .router
+            .models
             .as_deref()
-            .and_then(|r| Self::too_large(r, body_size))
+            .and_then(|m| Self::too_large(m, body_size))
         {
             return self.reject(&e);
         }
@@ -264,30 +316,21 @@ mod tests {
         ctx: RouterHttp<FakeHost>,
     }
 
-    fn setup(extra: &str) -> (Rc<FakeHost>, Rc<Router>, Rc<Metrics<FakeHost>>) {
+    type Setup = (Rc<FakeHost>, Rc<Router>, Rc<Models<FakeHost>>);
+
+    fn setup(extra: &str) -> Setup {
         let host = Rc::new(FakeHost::default());
-        let router = Rc::new(testing::router(extra));
-        let metrics = Rc::new(Metrics::define(
-            Rc::clone(&host),
-            &router.config.model_name,
-            &router.config.adapters,
-        ));
-        (host, router, metrics)
+        let models = testing::models(&host, extra);
+        let router = Rc::clone(&models.list[0].router);
+        (host, router, Rc::new(models))
     }
 
-    fn stream(
-        (host, router, metrics): &(Rc<FakeHost>, Rc<Router>, Rc<Metrics<FakeHost>>),
-        headers: &[(&str, &str)],
-    ) -> Stream {
+    fn stream((host, router, models): &Setup, headers: &[(&str, &str)]) -> Stream {
         host.new_stream(headers);
         Stream {
             host: Rc::clone(host),
             router: Rc::clone(router),
-            ctx: RouterHttp::new(
-                Rc::clone(host),
-                Some(Rc::clone(router)),
-                Some(Rc::clone(metrics)),
-            ),
+            ctx: RouterHttp::new(Rc::clone(host), Some(Rc::clone(models))),
         }
     }
 
@@ -345,7 +388,7 @@ mod tests {
         assert_eq!(named.len(), 3, "{dest}");
         assert_eq!(f.0.metric("prefix_router_decisions.cold.m"), 1);
         assert_eq!(
-            f.0.metric("prefix_router_table_entries"),
+            f.0.metric("prefix_router_table_entries.m"),
             4,
             "4 blocks of 4 chars"
         );
@@ -548,7 +591,7 @@ mod tests {
     fn an_unconfigured_filter_only_scrubs() {
         let host = Rc::new(FakeHost::default());
         host.new_stream(&[POST[0], POST[1], (headers::DESTINATION, "10.0.0.1:1")]);
-        let mut ctx = RouterHttp::new(Rc::clone(&host), None, None);
+        let mut ctx = RouterHttp::new(Rc::clone(&host), None);
         assert_eq!(ctx.request_headers(false), Action::Continue);
         assert_eq!(host.header(Headers::Request, headers::DESTINATION), None);
         ctx.log();

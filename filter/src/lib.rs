@@ -19,6 +19,8 @@
 //!   [`model_fetch`]: or fetched at run time through an Envoy cluster (`tokenizer` config).
 //! - [`http`]: the HTTP context (one per stream): scrub, buffer, route, debug headers,
 //!   release.
+//! - [`models`]: the models one filter serves (a router each), and which one a request is
+//!   for.
 //! - [`router`]: body → prompt → block hashes → fleet view → decision → table record.
 //! - [`members`]: the fleet's current members (configured, or followed from Envoy's
 //!   cluster), and a decision placed on them.
@@ -37,6 +39,7 @@ pub mod http;
 pub mod members;
 pub mod metrics;
 pub mod model_fetch;
+pub mod models;
 pub mod ownership;
 pub mod pods;
 pub mod poller;

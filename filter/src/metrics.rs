@@ -5,7 +5,9 @@
 //! `prefix_router_pod_healthy{pod="10.0.0.5:8000"}`. They are defined as pods
 //! first appear, at most [`MAX_POD_STATS`] addresses per VM (Envoy never deletes a stat, and
 //! pod addresses churn in a rollout); a pod that left reads 0.
-//! Decision counters are named from [`ReasonKind`], like the debug header, and the model.
+//! Decision counters are named from [`ReasonKind`], like the debug header, and the model; the
+//! gauges of one model's fleet, tokenizer and table carry the model in their names too (one
+//! `Metrics` per model a filter serves; the counters they share add up).
 
 use crate::host::{Host, MetricKind};
 use crate::members::Members;
@@ -81,7 +83,7 @@ impl<H: Host> Metrics<H> {
                 })
                 .collect(),
             matched_blocks: def(Counter, "prefix_router_matched_blocks"),
-            table_entries: def(Gauge, "prefix_router_table_entries"),
+            table_entries: def(Gauge, &stats::model_stat_name("table_entries", model)),
             table_replacements: def(Counter, "prefix_router_table_replacements"),
             table_conflicts: def(Counter, "prefix_router_table_conflicts"),
             rejected: def(Counter, "prefix_router_rejected"),
@@ -92,9 +94,9 @@ impl<H: Host> Metrics<H> {
             events_removed: def(Counter, "prefix_router_events_blocks_removed"),
             generations: def(Counter, "prefix_router_pod_generation_changes"),
             polls_failed: def(Counter, "prefix_router_polls_failed"),
-            members: def(Gauge, "prefix_router_members"),
+            members: def(Gauge, &stats::model_stat_name("members", model)),
             membership_changes: def(Counter, "prefix_router_membership_changes"),
-            tokenizer_loaded: def(Gauge, "prefix_router_tokenizer_loaded"),
+            tokenizer_loaded: def(Gauge, &stats::model_stat_name("tokenizer_loaded", model)),
             tokenizer_failures: def(Counter, "prefix_router_tokenizer_load_failures"),
             pods: RefCell::default(),
             host,

@@ -77,6 +77,7 @@ impl ModelFetch {
                     self.out.borrow_mut().clear();
                     self.failed(
                         host,
+                        router,
                         src,
                         &format!("cannot call cluster '{}': {e}", src.cluster),
                     );
@@ -113,7 +114,7 @@ impl ModelFetch {
             Ok(b) => b,
             Err(why) => {
                 self.out.borrow_mut().clear();
-                self.failed(host, src, &why);
+                self.failed(host, router, src, &why);
                 metrics.tokenizer_failed();
                 return true;
             }
@@ -156,14 +157,14 @@ impl ModelFetch {
                 );
             }
             Err(e) => {
-                self.failed(host, src, &format!("unusable: {e}"));
+                self.failed(host, router, src, &format!("unusable: {e}"));
                 metrics.tokenizer_failed();
             }
         }
         true
     }
 
-    fn failed<H: Host>(&self, host: &H, src: &TokenizerSource, why: &str) {
+    fn failed<H: Host>(&self, host: &H, router: &Router, src: &TokenizerSource, why: &str) {
         let n = self.failures.get().saturating_add(1);
         self.failures.set(n);
         let delay = FIRST_RETRY_NS
@@ -173,7 +174,8 @@ impl ModelFetch {
         host.log(
             Level::Warn,
             &format!(
-                "prefix-router: tokenizer from cluster '{}' not loaded ({why}); balancing by load (reason fallback) until it is; retry in {} s",
+                "prefix-router: tokenizer for '{}' from cluster '{}' not loaded ({why}); balancing by load (reason fallback) until it is; retry in {} s",
+                router.config.model_name,
                 src.cluster,
                 delay / 1_000_000_000
             ),

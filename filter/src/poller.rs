@@ -377,8 +377,8 @@ impl Poller {
         }
     }
 
-    /// The answer to a poll (inside `on_http_call_response`). Answers to calls this VM did not
-    /// make as polls are ignored.
+    /// The answer to a poll (inside `on_http_call_response`); false for a call this poller did
+    /// not make (it is someone else's to handle).
     pub fn on_response<H: Host>(
         &self,
         host: &H,
@@ -386,10 +386,23 @@ impl Poller {
         metrics: &Metrics<H>,
         token: u32,
         body_size: usize,
-    ) {
+    ) -> bool {
         let Some(out) = self.out.borrow_mut().remove(&token) else {
-            return;
+            return false;
         };
+        self.answered(host, router, metrics, out, body_size);
+        true
+    }
+
+    /// One of this poller's calls came back.
+    fn answered<H: Host>(
+        &self,
+        host: &H,
+        router: &Router,
+        metrics: &Metrics<H>,
+        out: Out,
+        body_size: usize,
+    ) {
         let (addr, ask) = match out {
             Out::Members => return self.on_members(host, router, metrics, body_size),
             Out::Pod(addr, ask) => (addr, ask),

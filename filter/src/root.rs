@@ -1,16 +1,14 @@
-//! The root context: one per worker VM. It parses the plugin configuration once, loads the
-//! tokenizer, builds the [`Router`] every request of the worker shares, and drives the
-//! [`Poller`] on each tick and poll answer.
+//! The root context: one per worker VM. It parses the plugin configuration once, builds the
+//! [`Models`] (a [`Router`] per model) every request of the worker shares, and drives each
+//! model's tokenizer fetch and [`Poller`] on each tick and call answer.
 
 use crate::host::{EnvoyHost, Host, Level};
 use crate::http::RouterHttp;
-use crate::metrics::Metrics;
 use crate::model_fetch::ModelFetch;
-use crate::pods::Inflight;
+use crate::models::{Model, Models};
 use crate::poller::Poller;
 use crate::router::Router;
-use crate::tokenizer::embedded_bundle;
-use prefix_core::router_config::RouterConfig;
+use prefix_core::plugin_config::PluginConfig;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::ContextType;
 use std::rc::Rc;
@@ -21,10 +19,9 @@ const TOKENIZER_TICK_MS: u64 = 1_000;
 
 pub struct RouterRoot<H: Host> {
     pub host: Rc<H>,
-    pub router: Option<Rc<Router>>,
-    pub metrics: Option<Rc<Metrics<H>>>,
-    poller: Poller,
-    fetch: ModelFetch,
+    pub models: Option<Rc<Models<H>>>,
+    /// Each model's poller and tokenizer fetch, in the order of `models`.
+    work: Vec<(Poller, ModelFetch)>,
     vm_id: u64,
 }
 
@@ -32,12 +29,18 @@ impl<H: Host> RouterRoot<H> {
     pub fn new(host: Rc<H>, vm_id: u64) -> Self {
         RouterRoot {
             host,
-            router: None,
-            metrics: None,
-            poller: Poller::default(),
-            fetch: ModelFetch::default(),
+            models: None,
+            work: Vec::new(),
             vm_id,
         }
+    }
+
+    /// The first (default) model's router.
+    pub fn router(&self) -> Option<&Rc<Router>> {
+        self.models
+            .as_ref()
+            .and_then(|m| m.default_model())
+            .map(|m| &m.router)
     }
 
     /// `on_configure`: false (Envoy rejects the configuration) when it is invalid; the log
@@ -45,97 +48,64 @@ impl<H: Host> RouterRoot<H> {
     pub fn configure(&mut self) -> bool {
         let host = &self.host;
         let bytes = host.plugin_configuration().unwrap_or_default();
-        let config = match RouterConfig::parse(&bytes) {
+        let config = match PluginConfig::parse(&bytes) {
             Ok(c) => c,
             Err(e) => {
                 host.log(Level::Error, &e.to_string());
                 return false;
             }
         };
-        let started = host.now_nanos();
-        // a tokenizer from the configuration replaces the built-in one: it is fetched on the
-        // first tick, and requests are balanced by load until it is there
-        let bundle = match &config.tokenizer {
-            Some(_) => Err(()),
-            None => embedded_bundle(&config).map_err(|e| {
-                host.log(
-                    Level::Error,
-                    &format!("prefix-router: tokenizer unusable, failing open: {e}"),
-                )
-            }),
-        };
-        let took_ms = host.now_nanos().saturating_sub(started) / 1_000_000;
-        let tokenizer = match (&config.tokenizer, &bundle) {
-            (Some(src), _) => format!(
-                "tokenizer to be fetched from cluster '{}' ({}), balancing by load until then",
-                src.cluster, src.path
-            ),
-            (None, Ok(_)) => format!("built-in tokenizer loaded in {took_ms} ms"),
-            (None, Err(_)) => "built-in tokenizer MISSING (failing open)".to_owned(),
-        };
-        host.log(
-            Level::Info,
-            &format!(
-                "prefix-router: configured {} pods{}, policy {:?}, block size {}, model '{}', table {} entries, poll every {} ms; {tokenizer}",
-                config.pods.len(),
-                config.discovery.as_ref().map_or(String::new(), |d| format!(
-                    " (then the members of cluster '{}', from Envoy's admin through '{}')",
-                    d.cluster, d.admin_cluster
-                )),
-                config.policy,
-                config.block_size.get(),
-                config.model_name,
-                config.table_capacity,
-                config.poll_interval_ms,
-            ),
-        );
-        // ticks drive the polls, and the tokenizer fetch even when polling is off
-        let tick_ms = match (config.poll_interval_ms, &config.tokenizer) {
-            (0, Some(_)) => TOKENIZER_TICK_MS,
+        // ticks drive the polls, and the tokenizer fetches even when polling is off
+        let fetching = config.models.iter().any(|m| m.tokenizer.is_some());
+        let tick_ms = match (config.poll_interval_ms(), fetching) {
+            (0, true) => TOKENIZER_TICK_MS,
             (ms, _) => ms,
         };
         if tick_ms > 0 {
             host.set_tick_period(Duration::from_millis(tick_ms));
         }
-        let metrics = Metrics::define(Rc::clone(host), &config.model_name, &config.adapters);
-        metrics.define_pods(&config.pods);
-        metrics.tokenizer_loaded(bundle.is_ok());
-        self.metrics = Some(Rc::new(metrics));
-        let router = Router::new(config, bundle.ok(), self.vm_id);
-        Inflight::create(&**host, &router.inflight_key, router.config.pods.len());
-        self.router = Some(Rc::new(router));
+        let models = Models::new(host, config, self.vm_id);
+        self.work = models
+            .list
+            .iter()
+            .map(|_| (Poller::default(), ModelFetch::default()))
+            .collect();
+        self.models = Some(Rc::new(models));
         true
     }
 
+    fn each(&self) -> impl Iterator<Item = (&Model<H>, &(Poller, ModelFetch))> {
+        self.models
+            .iter()
+            .flat_map(|m| m.list.iter())
+            .zip(self.work.iter())
+    }
+
     pub fn tick(&self) {
-        if let (Some(router), Some(metrics)) = (&self.router, &self.metrics) {
-            self.fetch.tick(&*self.host, router, metrics);
-            if router.config.poll_interval_ms > 0 {
-                self.poller.tick(&*self.host, router, metrics, self.vm_id);
+        let host = &*self.host;
+        for (m, (poller, fetch)) in self.each() {
+            fetch.tick(host, &m.router, &m.metrics);
+            if m.router.config.poll_interval_ms > 0 {
+                poller.tick(host, &m.router, &m.metrics, self.vm_id);
             }
         }
     }
 
+    /// An HTTP call came back: to whichever model's fetch or poller made it.
     pub fn call_answered(&self, token: u32, body_size: usize) {
-        if let (Some(router), Some(metrics)) = (&self.router, &self.metrics) {
-            let host = &*self.host;
-            if !self
-                .fetch
-                .on_response(host, router, metrics, token, body_size)
+        let host = &*self.host;
+        for (m, (poller, fetch)) in self.each() {
+            if fetch.on_response(host, &m.router, &m.metrics, token, body_size)
+                || poller.on_response(host, &m.router, &m.metrics, token, body_size)
             {
-                self.poller
-                    .on_response(host, router, metrics, token, body_size);
+                return;
             }
         }
     }
 
-    /// A stream's context, sharing this worker's router and metrics.
+    /// A stream's context, sharing this worker's models.
     pub fn http_context(&self) -> RouterHttp<H> {
-        RouterHttp::new(
-            Rc::clone(&self.host),
-            self.router.clone(),
-            self.metrics.clone(),
-        )
+        RouterHttp::new(Rc::clone(&self.host), self.models.clone())
     }
 }
 
@@ -197,7 +167,7 @@ mod tests {
     }
 
     fn state(root: &RouterRoot<FakeHost>, pod: &str) -> prefix_core::liveness::PodState {
-        let router = root.router.as_ref().unwrap();
+        let router = root.router().unwrap();
         read_state(&*root.host, &router.keys, pod).0
     }
 
@@ -208,7 +178,7 @@ mod tests {
         let mut root = RouterRoot::new(Rc::clone(&host), 1);
         assert!(!root.configure());
         assert_eq!(host.logged("field 'block_size'"), 1);
-        assert!(root.router.is_none());
+        assert!(root.router().is_none());
         root.tick(); // nothing configured: nothing happens
         assert!(host.take_calls().is_empty());
     }
@@ -235,7 +205,7 @@ mod tests {
                 "{name} defined"
             );
         }
-        let router = root.router.as_ref().unwrap();
+        let router = root.router().unwrap();
         assert!(host.shared_get(&router.inflight_key).is_some());
         // polling off: no timer
         let off = configured(r#","poll_interval_ms":0"#);
@@ -259,7 +229,11 @@ mod tests {
         let st = state(&root, "127.0.0.1:8001");
         assert_eq!((st.seq, st.running, st.waiting), (4, 2, 3));
         assert_eq!(root.host.metric("prefix_router_events_blocks_stored"), 1);
-        assert_eq!(root.host.metric("prefix_router_table_entries"), 1);
+        assert_eq!(
+            root.host
+                .metric("prefix_router_table_entries.SmolLM2-135M-Instruct"),
+            1
+        );
         root.tick();
         let calls = root.host.take_calls();
         assert_eq!(calls.len(), 1);
@@ -466,14 +440,14 @@ mod tests {
             r#","block_size":4,"model_name":"m","poll_interval_ms":0,"debug_headers":true,"tokenizer":{"cluster":"assets","config_path":null}"#,
         );
         let host = &root.host;
-        let router = root.router.as_ref().unwrap();
+        let router = root.router().unwrap();
         assert!(router.bundle.get().is_none(), "not built in");
         assert_eq!(
             host.tick.get(),
             Some(Duration::from_millis(1000)),
             "ticks to fetch"
         );
-        assert_eq!(host.metric("prefix_router_tokenizer_loaded"), 0);
+        assert_eq!(host.metric("prefix_router_tokenizer_loaded.m"), 0);
         let prompt = "a prompt long enough for several four-token blocks";
         let fallback = || host.metric("prefix_router_decisions.fallback.m");
         assert!(route_one(&root, prompt).is_some(), "balanced by load");
@@ -504,7 +478,7 @@ mod tests {
         *host.call_answer.borrow_mut() = Some(("200".to_owned(), json));
         root.call_answered(calls[0].token, len);
         assert!(router.bundle.get().is_some());
-        assert_eq!(host.metric("prefix_router_tokenizer_loaded"), 1);
+        assert_eq!(host.metric("prefix_router_tokenizer_loaded.m"), 1);
         assert_eq!(host.logged("loaded from cluster 'assets'"), 1);
         // routed by prefix from now on; no more fetches
         route_one(&root, prompt);
@@ -520,7 +494,7 @@ mod tests {
             r#","block_size":4,"model_name":"m","poll_interval_ms":100,"tokenizer":{"cluster":"assets"}"#,
         );
         let host = &root.host;
-        let router = root.router.as_ref().unwrap();
+        let router = root.router().unwrap();
         let fetch_calls = || -> Vec<Call> {
             host.take_calls()
                 .into_iter()
@@ -638,7 +612,10 @@ mod tests {
             .filter_map(|c| c.header(headers::DESTINATION))
             .collect();
         assert_eq!(polled, ["127.0.0.1:8003", "127.0.0.1:8002"]);
-        assert_eq!(host.metric("prefix_router_members"), 2);
+        assert_eq!(
+            host.metric("prefix_router_members.SmolLM2-135M-Instruct"),
+            2
+        );
         // per-pod gauges are named by address (Envoy's stats tag makes it a `pod` label)
         assert_eq!(host.metric("prefix_router_pod.127.0.0.1:8002.healthy"), 1);
         assert_eq!(host.metric("prefix_router_pod.127.0.0.1:8001.healthy"), 0);
@@ -671,7 +648,10 @@ mod tests {
         );
         assert_eq!(host.logged("keeping the last ones"), 2);
         assert!(route_one(&root, "still routed").is_some());
-        assert_eq!(host.metric("prefix_router_members"), 2);
+        assert_eq!(
+            host.metric("prefix_router_members.SmolLM2-135M-Instruct"),
+            2
+        );
     }
 
     #[test]
@@ -704,5 +684,148 @@ mod tests {
             )),
             1
         );
+    }
+
+    /// Two models, each its own pool and cluster; `unknown` is the `unknown_model` value.
+    fn two_models(unknown: &str) -> RouterRoot<FakeHost> {
+        let host = Rc::new(FakeHost::default());
+        *host.config.borrow_mut() = format!(
+            r#"{{"poll_interval_ms":100,"block_size":4,"debug_headers":true,"unknown_model":"{unknown}","models":[
+                {{"model_name":"a","pods":["127.0.0.1:8001","127.0.0.1:8002"],"route_cluster":"pods_a"}},
+                {{"model_name":"b","pods":["127.0.0.1:9001"],"route_cluster":"pods_b","block_size":8,
+                  "adapters":["b-sql"]}}]}}"#
+        )
+        .into_bytes();
+        let mut root = RouterRoot::new(host, 7);
+        assert!(root.configure());
+        root
+    }
+
+    /// Sends a request through a new stream: the destination and cluster written, and what
+    /// the filter answered itself (status, body), if it did.
+    fn send(
+        root: &RouterRoot<FakeHost>,
+        method: &str,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> (Option<String>, Option<String>, Option<(u16, String)>) {
+        use crate::host::Headers::Request;
+        root.host.new_stream(&[
+            (":method", method),
+            (":path", path),
+            (headers::ROUTE_CLUSTER, "envoy_admin"),
+        ]);
+        *root.host.sent.borrow_mut() = None;
+        let mut ctx = root.http_context();
+        match body {
+            None => {
+                ctx.request_headers(true);
+            }
+            Some(b) => {
+                ctx.request_headers(false);
+                let b = b.to_string();
+                *root.host.body.borrow_mut() = b.clone().into_bytes();
+                ctx.request_body(b.len(), true);
+            }
+        }
+        ctx.log();
+        let sent = root.host.sent.borrow_mut().take();
+        (
+            root.host.header(Request, headers::DESTINATION),
+            root.host.header(Request, headers::ROUTE_CLUSTER),
+            sent.map(|s| (s.status, String::from_utf8_lossy(&s.body).into_owned())),
+        )
+    }
+
+    #[test]
+    fn each_model_is_routed_in_its_own_pool() {
+        let root = two_models("reject");
+        let host = &root.host;
+        let complete = |model: Option<&str>| {
+            let mut body = json!({"prompt": "a prompt that is long enough for a block or two"});
+            if let Some(m) = model {
+                body["model"] = json!(m);
+            }
+            send(&root, "POST", "/v1/completions", Some(body))
+        };
+        let in_pool = |dest: &Option<String>, prefix: &str| {
+            dest.as_deref()
+                .is_some_and(|d| d.split(',').all(|a| a.starts_with(prefix)))
+        };
+        for (model, cluster, port) in [
+            (Some("a"), "pods_a", "127.0.0.1:800"),
+            (None, "pods_a", "127.0.0.1:800"),
+            (Some("b"), "pods_b", "127.0.0.1:900"),
+            (Some("b-sql"), "pods_b", "127.0.0.1:900"),
+        ] {
+            let (dest, routed_to, sent) = complete(model);
+            assert!(in_pool(&dest, port), "{model:?}: {dest:?}");
+            assert_eq!(routed_to.as_deref(), Some(cluster), "{model:?}");
+            assert_eq!(sent, None);
+        }
+        assert_eq!(host.metric("prefix_router_decisions.cold.a"), 1);
+        assert_eq!(host.metric("prefix_router_decisions.prefix_hit.a"), 1);
+        assert_eq!(host.metric("prefix_router_decisions.cold.b"), 1);
+        assert_eq!(host.metric("prefix_router_decisions.cold.b-sql"), 1);
+        // a model nobody serves: 404 as a server would, naming what is served
+        let (dest, routed_to, sent) = complete(Some("c"));
+        let (status, body) = sent.unwrap();
+        assert_eq!((dest, routed_to, status), (None, None, 404));
+        assert!(
+            body.contains("model_not_found") && body.contains("'a', 'b', 'b-sql'"),
+            "{body}"
+        );
+        // other paths go to the first model's pool; the client's cluster header never survives
+        let (dest, routed_to, _) = send(&root, "GET", "/health", None);
+        assert!(in_pool(&dest, "127.0.0.1:800"));
+        assert_eq!(routed_to.as_deref(), Some("pods_a"));
+        // the model list is every pool's, answered by the filter
+        let (_, _, sent) = send(&root, "GET", "/v1/models?x=1", None);
+        let (status, body) = sent.unwrap();
+        let list: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let ids: Vec<&str> = list["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["id"].as_str().unwrap())
+            .collect();
+        assert_eq!((status, ids), (200, vec!["a", "b", "b-sql"]));
+        assert_eq!(list["data"][2]["parent"], "b");
+        // each model keeps its own gauges and polls its own pods
+        assert_eq!(
+            host.metric("prefix_router_members.a"),
+            0,
+            "set by the poller"
+        );
+        root.tick();
+        let polled: Vec<String> = host
+            .take_calls()
+            .iter()
+            .filter_map(|c| c.header(headers::DESTINATION).map(str::to_owned))
+            .collect();
+        assert_eq!(
+            polled,
+            ["127.0.0.1:8001", "127.0.0.1:8002", "127.0.0.1:9001"]
+        );
+    }
+
+    #[test]
+    fn unknown_models_can_go_to_a_default_pool_by_load() {
+        let root = two_models("b");
+        let body =
+            json!({"model": "c", "prompt": "a prompt that is long enough for a block or two"});
+        let (dest, routed_to, sent) = send(&root, "POST", "/v1/completions", Some(body));
+        assert_eq!(sent, None, "the pod answers");
+        assert_eq!(dest.as_deref(), Some("127.0.0.1:9001"));
+        assert_eq!(routed_to.as_deref(), Some("pods_b"));
+        assert_eq!(root.host.metric("prefix_router_decisions.fallback.b"), 1);
+        // a bad body is still the filter's 400
+        let (_, _, sent) = send(
+            &root,
+            "POST",
+            "/v1/completions",
+            Some(json!({"model": "c"})),
+        );
+        assert_eq!(sent.map(|s| s.0), Some(400));
     }
 }

@@ -9,7 +9,7 @@ use crate::ownership::{OwnershipTable, RecordStats};
 use crate::pods::{fleet_id, parse_state, Inflight, Keys, PodState};
 use prefix_core::membership::Slots;
 use prefix_core::policy::{decide, Decision, Inputs, PodLoad, Policy, Reason};
-use prefix_core::request::{parse_request, Endpoint};
+use prefix_core::request::{parse_request, Endpoint, InferenceRequest};
 use prefix_core::router_config::RouterConfig;
 use prefix_core::table::{Entry, TableLayout};
 use prefix_core::{ApiError, BlockHash, ModelBundle};
@@ -229,36 +229,49 @@ impl Router {
         })
     }
 
-    /// Routes an inference request body (already bounded by `max_body_bytes`). `Err` is a
-    /// client error to answer with (4xx), exactly as the server would; the router's own
-    /// failures never surface here, they fall back. `Ok(None)`: no members at all (Envoy
-    /// balances the request on its own).
+    /// Routes an inference request body (already bounded by `max_body_bytes`): parses it and
+    /// [`Router::route_request`]s it.
     pub fn route<S: Store>(
         &self,
         store: &S,
         endpoint: Endpoint,
         body: &[u8],
     ) -> Result<Option<Routed>, ApiError> {
-        let req = parse_request(endpoint, body)?;
+        self.route_request(store, &parse_request(endpoint, body)?)
+    }
+
+    /// A request balanced by load alone (reason `fallback`), for the model at index `model`
+    /// of [`Placement::model`]: when the prompt cannot be read here, or the model is not one
+    /// the filter knows. `None` when there are no members at all.
+    pub fn by_load<S: Store>(&self, store: &S, model: usize) -> Option<Routed> {
+        self.plain(store, Reason::Fallback).map(|placed| Routed {
+            placed: Placement { model, ..placed },
+            table: RecordStats::default(),
+            prefix_hash: None,
+            counted: false,
+            prepare_us: 0,
+        })
+    }
+
+    /// Routes a parsed inference request. `Err` is a client error to answer with (4xx),
+    /// exactly as the server would; the router's own failures never surface here, they fall
+    /// back. `Ok(None)`: no members at all (Envoy balances the request on its own).
+    pub fn route_request<S: Store>(
+        &self,
+        store: &S,
+        req: &InferenceRequest,
+    ) -> Result<Option<Routed>, ApiError> {
         let model = req
             .model
             .as_ref()
             .and_then(|m| self.config.adapters.iter().position(|a| a == m))
             .map_or(0, |i| i + 1);
-        let fallback = |this: &Self| {
-            this.plain(store, Reason::Fallback).map(|placed| Routed {
-                placed: Placement { model, ..placed },
-                table: RecordStats::default(),
-                prefix_hash: None,
-                counted: false,
-                prepare_us: 0,
-            })
-        };
+        let fallback = |this: &Self| this.by_load(store, model);
         let Some(bundle) = self.bundle.get() else {
             return Ok(fallback(self));
         };
         let started = store.now_nanos();
-        let prompt = match bundle.prepare(&req) {
+        let prompt = match bundle.prepare(req) {
             Ok(p) => p,
             // the pod's own renderer decides: never reject what it may accept
             Err(e) if e.is_unrenderable() => return Ok(fallback(self)),

@@ -1,8 +1,13 @@
 //! Test support shared by the filter's unit tests.
 
+use crate::host::fake::FakeHost;
+use crate::metrics::Metrics;
+use crate::models::{Model, Models};
 use crate::router::Router;
+use prefix_core::plugin_config::{PluginConfig, UnknownModel};
 use prefix_core::router_config::RouterConfig;
 use prefix_core::{BlockSize, ModelBundle};
+use std::rc::Rc;
 
 pub use prefix_core::model::tiny_tokenizer_json;
 
@@ -33,4 +38,22 @@ pub fn config(extra: &str) -> RouterConfig {
 /// A router on [`config`] with the tiny tokenizer.
 pub fn router(extra: &str) -> Router {
     Router::new(config(extra), Some(tiny_bundle(4)), 0)
+}
+
+/// One model, [`router`], as the filter's contexts see it.
+pub fn models(host: &Rc<FakeHost>, extra: &str) -> Models<FakeHost> {
+    let router = router(extra);
+    let config = PluginConfig {
+        models: vec![router.config.clone()],
+        unknown_model: UnknownModel::Reject,
+        several: false,
+    };
+    let metrics = Metrics::define(Rc::clone(host), "m", &router.config.adapters);
+    Models {
+        config,
+        list: vec![Model {
+            router: Rc::new(router),
+            metrics: Rc::new(metrics),
+        }],
+    }
 }

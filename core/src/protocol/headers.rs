@@ -4,6 +4,11 @@
 /// the Gateway API Inference Extension uses. A client-sent value is always removed first.
 pub const DESTINATION: &str = "x-gateway-destination-endpoint";
 
+/// The Envoy cluster of the request's model (its `route_cluster`), set by the filter when it
+/// serves several models: the listener has one route per cluster matching this header, so a
+/// value that names no model's cluster reaches none. A client-sent value is always removed.
+pub const ROUTE_CLUSTER: &str = "x-prefix-router-cluster";
+
 /// Set by the model server on every response: the pod that answered. Its absence on a
 /// 502/503 means Envoy answered itself (the pod refused or reset the connection).
 pub const POD: &str = "x-inference-pod";

@@ -2,7 +2,8 @@
 //!
 //! Wasm metrics have no labels: a per-pod gauge carries the pod's address in its name,
 //! `prefix_router_pod.<ip:port>.<gauge>`, and a decision counter its reason and model,
-//! `prefix_router_decisions.<reason>.<model>`. The Envoy config (written by
+//! `prefix_router_decisions.<reason>.<model>`, and a per-model gauge its model,
+//! `prefix_router_members.<model>`. The Envoy config (written by
 //! `render-envoy-config`) has the stats tags of [`STATS_TAGS`], which cut those parts out of
 //! the names into tags, so Prometheus sees `prefix_router_pod_healthy{pod="10.0.0.5:8000"}`
 //! and `prefix_router_decisions{reason="prefix_hit",model="…"}`, which dashboards and rules
@@ -20,6 +21,15 @@ pub fn decision_stat_name(reason: &str, model: &str) -> String {
     format!("prefix_router_decisions.{reason}.{model}")
 }
 
+/// The per-model gauges: each model's pods, tokenizer and ownership table are its own.
+pub const MODEL_GAUGES: [&str; 3] = ["members", "tokenizer_loaded", "table_entries"];
+
+/// Name of a per-model gauge (one of [`MODEL_GAUGES`]) of the model `model`:
+/// `prefix_router_members.<model>` is `prefix_router_members{model="…"}` in Prometheus.
+pub fn model_stat_name(gauge: &str, model: &str) -> String {
+    format!("prefix_router_{gauge}.{model}")
+}
+
 /// Envoy stats tags (`stats_config.stats_tags`: name, regex). In each regex the first group
 /// is cut from the stat's name and the second is the tag's value; every regex is matched
 /// against the whole name (Envoy keeps wasm metrics under `wasmcustom.`).
@@ -31,7 +41,7 @@ pub const STATS_TAGS: [(&str, &str); 3] = [
     ),
     (
         "model",
-        r"^wasmcustom\.prefix_router_decisions\.[a-z_]+(\.(.+))$",
+        r"^wasmcustom\.prefix_router_(?:decisions\.[a-z_]+|members|tokenizer_loaded|table_entries)(\.(.+))$",
     ),
 ];
 
@@ -92,10 +102,25 @@ mod tests {
     }
 
     #[test]
+    fn model_gauges_get_the_model() {
+        for gauge in MODEL_GAUGES {
+            let full = format!("wasmcustom.{}", model_stat_name(gauge, "Qwen2.5-0.5B"));
+            assert_eq!(
+                extract(&full),
+                (
+                    format!("wasmcustom.prefix_router_{gauge}"),
+                    vec![("model", "Qwen2.5-0.5B".to_owned())]
+                )
+            );
+        }
+    }
+
+    #[test]
     fn other_stats_keep_their_names() {
         for name in [
             "wasmcustom.prefix_router_pod_generation_changes",
             "wasmcustom.prefix_router_matched_blocks",
+            "wasmcustom.prefix_router_membership_changes",
             "cluster.pods.upstream_rq_retry",
         ] {
             assert_eq!(extract(name), (name.to_owned(), vec![]));
