@@ -1,9 +1,10 @@
 //! Renders `envoy/envoy.yaml.j2` (minijinja) for a given set of pods and ports.
 
 use anyhow::Context;
+use prefix_core::plugin_config::PluginConfig;
 use prefix_core::policy::MAX_FALLBACKS;
 use prefix_core::protocol::defaults;
-use prefix_core::router_config::{RouterConfig, DEFAULT_POLL_INTERVAL_MS, DEFAULT_TABLE_CAPACITY};
+use prefix_core::router_config::{DEFAULT_POLL_INTERVAL_MS, DEFAULT_TABLE_CAPACITY};
 use serde_json::json;
 use std::path::{Path, PathBuf};
 
@@ -51,6 +52,11 @@ pub struct EnvoySettings {
     pub wasm: Option<PathBuf>,
     pub block_size: u32,
     pub model_name: String,
+    /// LoRA adapters the pods serve on top of `model_name`.
+    pub adapters: Vec<String>,
+    /// More models on the same listener, each with its own pods (cluster `pods_<n>`, n from
+    /// 1), tokenizer and block size ([`ExtraModel`]).
+    pub more_models: Vec<ExtraModel>,
     pub max_body_bytes: usize,
     pub debug_headers: bool,
     pub table_capacity: u64,
@@ -83,6 +89,8 @@ impl EnvoySettings {
             wasm,
             block_size: defaults::BLOCK_SIZE,
             model_name: defaults::MODEL_NAME.into(),
+            adapters: Vec::new(),
+            more_models: Vec::new(),
             max_body_bytes: defaults::MAX_BODY_BYTES,
             debug_headers: true,
             table_capacity: DEFAULT_TABLE_CAPACITY,
@@ -96,57 +104,203 @@ impl EnvoySettings {
     /// `tokenizer_config.json` (both assumed in a directory that exists only where Envoy
     /// runs). An error when a local directory has no `tokenizer.json`.
     pub fn tokenizer_files(&self) -> anyhow::Result<Option<(PathBuf, Option<PathBuf>)>> {
-        let Some(dir) = &self.tokenizer_dir else {
-            return Ok(None);
-        };
-        if self.tokenizer_dir_remote {
-            return Ok(Some((
-                dir.join("tokenizer.json"),
-                Some(dir.join("tokenizer_config.json")),
-            )));
-        }
-        let dir = std::path::absolute(dir)?;
-        let json = dir.join("tokenizer.json");
-        if !json.is_file() {
-            anyhow::bail!("no tokenizer.json in {}", dir.display());
-        }
-        let cfg = dir.join("tokenizer_config.json");
-        Ok(Some((json, cfg.is_file().then_some(cfg))))
+        tokenizer_files(self.tokenizer_dir.as_deref(), self.tokenizer_dir_remote)
     }
 
-    /// The filter's plugin configuration JSON.
+    /// The pool of the first model (cluster `pods`), then one per [`ExtraModel`].
+    fn pools(&self) -> anyhow::Result<Vec<Pool>> {
+        let mut pools = vec![Pool {
+            cluster: "pods".into(),
+            model_name: self.model_name.clone(),
+            pods: self.pods.clone(),
+            members: self.members.clone().unwrap_or_else(|| self.pods.clone()),
+            block_size: self.block_size,
+            adapters: self.adapters.clone(),
+            tokenizer: self.tokenizer_files()?,
+            tokenizer_prefix: String::new(),
+        }];
+        for (i, m) in self.more_models.iter().enumerate() {
+            let n = i + 1;
+            pools.push(Pool {
+                cluster: format!("pods_{n}"),
+                model_name: m.model_name.clone(),
+                pods: m.pods.clone(),
+                members: m.pods.clone(),
+                block_size: m.block_size.unwrap_or(self.block_size),
+                adapters: m.adapters.clone(),
+                tokenizer: tokenizer_files(m.tokenizer_dir.as_deref(), self.tokenizer_dir_remote)?,
+                tokenizer_prefix: format!("/models/{n}"),
+            });
+        }
+        Ok(pools)
+    }
+
+    /// The filter's plugin configuration JSON: one model's document, or with
+    /// [`EnvoySettings::more_models`] a `models` list under the shared settings.
     pub fn plugin_config(&self) -> String {
-        let pods = match self.membership {
-            Membership::Static => json!(self.pods),
-            // the filter learns them from Envoy
-            Membership::Dns | Membership::EdsFile(_) => json!([]),
+        let pools = match self.pools() {
+            Ok(p) => p,
+            // render() reports the error; the config is not used then
+            Err(_) => return String::new(),
         };
-        let mut v = json!({
-            "pods": pods,
-            "block_size": self.block_size,
-            "model_name": self.model_name,
+        let mut shared = json!({
             "max_body_bytes": self.max_body_bytes,
             "debug_headers": self.debug_headers,
             "table_capacity": self.table_capacity,
             "policy": self.policy,
             "poll_interval_ms": self.poll_interval_ms,
         });
-        if let Some(obj) = v.as_object_mut() {
-            if let Ok(Some((_, cfg))) = self.tokenizer_files() {
-                let cfg = cfg.is_some();
-                obj.insert(
-                    "tokenizer".into(),
-                    json!({"cluster": ASSETS_CLUSTER,
-                           "config_path": cfg.then_some("/tokenizer_config.json")}),
-                );
-            }
-            if self.membership != Membership::Static {
-                obj.insert("discovery".into(), json!({}));
+        let several = pools.len() > 1;
+        let mut entries: Vec<serde_json::Value> =
+            pools.iter().map(|p| self.model_entry(p, several)).collect();
+        if let Some(obj) = shared.as_object_mut() {
+            match several {
+                true => {
+                    obj.insert("models".into(), json!(entries));
+                }
+                false => {
+                    if let Some(serde_json::Value::Object(e)) = entries.pop() {
+                        obj.extend(e);
+                    }
+                }
             }
             obj.extend(self.extra.clone());
         }
-        v.to_string()
+        shared.to_string()
     }
+
+    /// One model's entry: its pods (or discovery), tokenizer, block size, adapters.
+    fn model_entry(&self, pool: &Pool, several: bool) -> serde_json::Value {
+        let pods = match self.membership {
+            Membership::Static => json!(pool.pods),
+            // the filter learns them from Envoy
+            Membership::Dns | Membership::EdsFile(_) => json!([]),
+        };
+        let mut v = json!({
+            "pods": pods,
+            "block_size": pool.block_size,
+            "model_name": pool.model_name,
+        });
+        if let Some(obj) = v.as_object_mut() {
+            if !pool.adapters.is_empty() {
+                obj.insert("adapters".into(), json!(pool.adapters));
+            }
+            if several {
+                obj.insert("route_cluster".into(), json!(pool.cluster));
+            }
+            if let Some((_, cfg)) = &pool.tokenizer {
+                let prefix = &pool.tokenizer_prefix;
+                obj.insert(
+                    "tokenizer".into(),
+                    json!({"cluster": ASSETS_CLUSTER,
+                           "path": format!("{prefix}/tokenizer.json"),
+                           "config_path": cfg.is_some().then(|| format!("{prefix}/tokenizer_config.json"))}),
+                );
+            }
+            if self.membership != Membership::Static {
+                obj.insert("discovery".into(), json!({"cluster": pool.cluster}));
+            }
+        }
+        v
+    }
+}
+
+/// Another model behind the same listener: its own pods (a cluster of their own), tokenizer
+/// and block size. Written on the command line as space-separated `key=value` pairs:
+/// `name=Qwen2.5-0.5B-Instruct pods=10.0.0.7:8000,10.0.0.8:8000 tokenizer-dir=/models/qwen
+/// block-size=16 adapters=a,b` (`name` and `pods` required).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExtraModel {
+    pub model_name: String,
+    /// `ip:port` (or `name:port` when the first model's pods are DNS names).
+    pub pods: Vec<String>,
+    pub tokenizer_dir: Option<PathBuf>,
+    /// Default: the first model's.
+    pub block_size: Option<u32>,
+    pub adapters: Vec<String>,
+}
+
+impl std::str::FromStr for ExtraModel {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut m = ExtraModel {
+            model_name: String::new(),
+            pods: Vec::new(),
+            tokenizer_dir: None,
+            block_size: None,
+            adapters: Vec::new(),
+        };
+        let list = |v: &str| {
+            v.split(',')
+                .filter(|x| !x.is_empty())
+                .map(str::to_owned)
+                .collect()
+        };
+        for pair in s.split_whitespace() {
+            let (k, v) = pair
+                .split_once('=')
+                .ok_or_else(|| format!("'{pair}' is not key=value"))?;
+            match k {
+                "name" => m.model_name = v.to_owned(),
+                "pods" => m.pods = list(v),
+                "tokenizer-dir" => m.tokenizer_dir = Some(PathBuf::from(v)),
+                "block-size" => {
+                    m.block_size = Some(
+                        v.parse()
+                            .map_err(|_| format!("block-size '{v}' is not a number"))?,
+                    )
+                }
+                "adapters" => m.adapters = list(v),
+                other => {
+                    return Err(format!(
+                        "unknown key '{other}' (name, pods, tokenizer-dir, block-size, adapters)"
+                    ))
+                }
+            }
+        }
+        if m.model_name.is_empty() || m.pods.is_empty() {
+            return Err("name=… and pods=… are required".into());
+        }
+        Ok(m)
+    }
+}
+
+/// One model's pool as the template and the plugin configuration see it.
+struct Pool {
+    cluster: String,
+    model_name: String,
+    /// what the filter is told (plugin `pods`)
+    pods: Vec<String>,
+    /// the Envoy cluster's members
+    members: Vec<String>,
+    block_size: u32,
+    adapters: Vec<String>,
+    tokenizer: Option<(PathBuf, Option<PathBuf>)>,
+    /// where the assets listener serves its tokenizer files (`""`: at the root)
+    tokenizer_prefix: String,
+}
+
+/// The tokenizer files of a model directory (see [`EnvoySettings::tokenizer_files`]).
+fn tokenizer_files(
+    dir: Option<&Path>,
+    remote: bool,
+) -> anyhow::Result<Option<(PathBuf, Option<PathBuf>)>> {
+    let Some(dir) = dir else {
+        return Ok(None);
+    };
+    if remote {
+        return Ok(Some((
+            dir.join("tokenizer.json"),
+            Some(dir.join("tokenizer_config.json")),
+        )));
+    }
+    let dir = std::path::absolute(dir)?;
+    let json = dir.join("tokenizer.json");
+    if !json.is_file() {
+        anyhow::bail!("no tokenizer.json in {}", dir.display());
+    }
+    let cfg = dir.join("tokenizer_config.json");
+    Ok(Some((json, cfg.is_file().then_some(cfg))))
 }
 
 /// The cluster (and loopback listener) through which Envoy serves the tokenizer files.
@@ -158,10 +312,33 @@ pub const TEMPLATE: &str = "envoy.yaml.j2";
 /// Renders the config from the template in `template_dir`, after validating the plugin
 /// configuration exactly as the filter will (a bad value fails here, with the field named).
 pub fn render(settings: &EnvoySettings, template_dir: &Path) -> anyhow::Result<String> {
+    settings.pools()?;
     if settings.wasm.is_some() {
-        RouterConfig::parse(settings.plugin_config().as_bytes())?;
+        PluginConfig::parse(settings.plugin_config().as_bytes())?;
     }
     render_unchecked(settings, template_dir)
+}
+
+/// A pod written as `host:port` for a cluster's endpoint (a DNS name with `Membership::Dns`).
+fn endpoint(pod: &str, membership: &Membership) -> anyhow::Result<serde_json::Value> {
+    let (host, port) = match membership {
+        Membership::Dns => {
+            let (host, port) = pod
+                .rsplit_once(':')
+                .with_context(|| format!("pod '{pod}' is not name:port"))?;
+            let port: u16 = port
+                .parse()
+                .with_context(|| format!("pod '{pod}': bad port"))?;
+            (host.to_owned(), port)
+        }
+        _ => {
+            let addr: std::net::SocketAddr = pod
+                .parse()
+                .with_context(|| format!("pod '{pod}' is not ip:port"))?;
+            (addr.ip().to_string(), addr.port())
+        }
+    };
+    Ok(json!({"host": host, "port": port}))
 }
 
 /// Renders without validating the plugin configuration: only for proving that Envoy itself
@@ -171,27 +348,6 @@ pub fn render_unchecked(settings: &EnvoySettings, template_dir: &Path) -> anyhow
     let template =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let plugin = settings.plugin_config();
-    let mut members = Vec::new();
-    for p in settings.members.as_ref().unwrap_or(&settings.pods) {
-        let (host, port) = match settings.membership {
-            Membership::Dns => {
-                let (host, port) = p
-                    .rsplit_once(':')
-                    .with_context(|| format!("pod '{p}' is not name:port"))?;
-                let port: u16 = port
-                    .parse()
-                    .with_context(|| format!("pod '{p}': bad port"))?;
-                (host.to_owned(), port)
-            }
-            _ => {
-                let addr: std::net::SocketAddr = p
-                    .parse()
-                    .with_context(|| format!("pod '{p}' is not ip:port"))?;
-                (addr.ip().to_string(), addr.port())
-            }
-        };
-        members.push(json!({"host": host, "port": port}));
-    }
     let (membership, eds_path, eds_dir) = match &settings.membership {
         Membership::Static => ("static", None, None),
         Membership::Dns => ("dns", None, None),
@@ -201,13 +357,28 @@ pub fn render_unchecked(settings: &EnvoySettings, template_dir: &Path) -> anyhow
             p.parent().map(|d| d.display().to_string()),
         ),
     };
-    let (tokenizer_json, tokenizer_config) = match settings.tokenizer_files()? {
-        Some((json, cfg)) => (
-            Some(json.display().to_string()),
-            cfg.map(|c| c.display().to_string()),
-        ),
-        None => (None, None),
-    };
+    let pools = settings.pools()?;
+    if pools.len() > 1 && membership == "eds" {
+        anyhow::bail!(
+            "several models take their pods from fixed lists or DNS names, not an EDS file"
+        );
+    }
+    let mut pool_values = Vec::new();
+    for p in &pools {
+        let members = p
+            .members
+            .iter()
+            .map(|m| endpoint(m, &settings.membership))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let path = |f: &PathBuf| f.display().to_string();
+        pool_values.push(json!({
+            "cluster": p.cluster,
+            "members": members,
+            "tokenizer_prefix": p.tokenizer_prefix,
+            "tokenizer_json": p.tokenizer.as_ref().map(|(j, _)| path(j)),
+            "tokenizer_config": p.tokenizer.as_ref().and_then(|(_, c)| c.as_ref().map(path)),
+        }));
+    }
     let mut env = minijinja::Environment::new();
     env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
     env.add_template(TEMPLATE, &template)?;
@@ -219,15 +390,16 @@ pub fn render_unchecked(settings: &EnvoySettings, template_dir: &Path) -> anyhow
         "buffer_limit": settings.max_body_bytes + 64 * 1024,
         "plugin_config": plugin,
         "wasm_path": settings.wasm.as_ref().map(|p| p.display().to_string()),
-        "members": members,
+        "pools": pool_values,
+        "several": pools.len() > 1,
+        "route_cluster_header": prefix_core::protocol::headers::ROUTE_CLUSTER,
         "membership": membership,
         "discovery": settings.wasm.is_some() && settings.membership != Membership::Static,
         "eds_path": eds_path,
         "eds_dir": eds_dir,
         "dns_refresh": settings.dns_refresh,
         "stats_tags": prefix_core::protocol::stats::STATS_TAGS,
-        "tokenizer_json": tokenizer_json,
-        "tokenizer_config": tokenizer_config,
+        "assets": pools.iter().any(|p| p.tokenizer.is_some()),
         "assets_port": settings.assets_port,
         "max_tokenizer_bytes": prefix_core::router_config::MAX_TOKENIZER_BYTES,
         // the chosen pod, each fallback, then one try by plain balancing

@@ -455,10 +455,7 @@ fn lora_adapters_route_apart_from_the_base_model() {
         "lora",
         3,
         &[&ZERO_COST[..], &["--lora-adapters", "sql-lora,chat-lora"]].concat(),
-        |s| {
-            s.extra
-                .insert("adapters".into(), json!(["sql-lora", "chat-lora"]));
-        },
+        |s| s.adapters = vec!["sql-lora".into(), "chat-lora".into()],
     )
     .expect("fleet starts");
     let body = |model: &str| json!({"model": model, "prompt": format!("{RUNBOOK}{RUNBOOK}"), "max_tokens": 1});

@@ -4,13 +4,15 @@
 //! `render-envoy-config --pods model-server.default.svc.cluster.local:8000` (a DNS name: a
 //! STRICT_DNS cluster, members followed by the filter through Envoy's admin)
 //! `render-envoy-config --eds-file /etc/envoy/eds/pods.yaml` (an EDS cluster fed from a file)
+//! `render-envoy-config --pods 127.0.0.1:8001 --add-model 'name=Qwen2.5-0.5B-Instruct
+//! pods=127.0.0.1:9001 tokenizer-dir=models/qwen'` (two models, each its own pool)
 
 use clap::Parser;
 use prefix_core::protocol::defaults;
 use prefix_core::router_config::{DEFAULT_POLL_INTERVAL_MS, DEFAULT_TABLE_CAPACITY};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use test_harness::envoy_config::{configmap, render, EnvoySettings, Membership};
+use test_harness::envoy_config::{configmap, render, EnvoySettings, ExtraModel, Membership};
 use test_harness::paths;
 
 #[derive(Parser)]
@@ -75,6 +77,17 @@ struct Args {
     /// the same pool, their prompts cached apart.
     #[arg(long, value_delimiter = ',')]
     adapters: Vec<String>,
+    /// Another model on the same listener, with its own pods (a cluster of their own),
+    /// tokenizer and block size; repeatable. Space-separated key=value pairs:
+    /// `name=Qwen2.5-0.5B-Instruct pods=10.0.0.7:8000,10.0.0.8:8000 tokenizer-dir=DIR
+    /// block-size=16 adapters=a,b` (name and pods required; block size defaults to
+    /// --block-size). The first model (--model-name, --pods) takes requests naming none.
+    #[arg(long)]
+    add_model: Vec<ExtraModel>,
+    /// What requests naming a model that is not served get: `reject` (404, as a server
+    /// would) or a served model's name (its pool answers them, balanced by load).
+    #[arg(long)]
+    unknown_model: Option<String>,
     /// Largest request body the filter buffers (413 beyond).
     #[arg(long, default_value_t = defaults::MAX_BODY_BYTES)]
     max_body_bytes: usize,
@@ -123,9 +136,10 @@ fn main() -> anyhow::Result<()> {
     s.stats_port = a.stats_port;
     s.tokenizer_dir = a.tokenizer_dir;
     s.tokenizer_dir_remote = a.tokenizer_dir_in_envoy;
-    if !a.adapters.is_empty() {
-        s.extra
-            .insert("adapters".into(), serde_json::json!(a.adapters));
+    s.adapters = a.adapters;
+    s.more_models = a.add_model;
+    if let Some(u) = a.unknown_model {
+        s.extra.insert("unknown_model".into(), serde_json::json!(u));
     }
     s.assets_port = a.assets_port;
     let mut yaml = render(&s, &paths::envoy_template_dir())?;
