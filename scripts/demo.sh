@@ -146,6 +146,11 @@ wait_prom() { # promql expected-value: poll until Prometheus has scraped it
 for _ in $(seq 1 150); do [ "$(series_count "$HITS")" = "${#PODS[@]}" ] && break; sleep 0.2; done
 [ "$(series_count "$HITS")" = "${#PODS[@]}" ] || fail "Prometheus did not scrape every pod"
 
+pods_sum() { # counter → its sum over every pod, read from the pods themselves
+  for p in "${PODS[@]}"; do curl -s "http://$p/metrics"; done |
+    awk -v m="$1" 'index($1, m) == 1 && (length($1) == length(m) || substr($1, length(m) + 1, 1) == "{") { s += $2 } END { printf "%d", s }'
+}
+
 send() { # prompt max_tokens → prints "pod cached reason latency text"
   local hdr="$RUN/last-headers" body
   body=$(jq -n --arg m "$MODEL" --arg p "$1" --argjson n "$2" '{model: $m, prompt: $p, max_tokens: $n}')
@@ -278,8 +283,11 @@ different_scenario() {
   echo "   each prompt is about $tt tokens (a full 128-token block) and differs from the others from its first token"
   [ "$BACKEND" = llama-cpp ] && { different_llama; return; }
   local h0 r0 REQS='sum by (pod) (vllm:e2e_request_latency_seconds_count)'
+  # the starting counts as the pods have them now (Prometheus may not have scraped the end of
+  # the last request yet), and Prometheus caught up with them
+  r0=$(pods_sum vllm:e2e_request_latency_seconds_count)
+  wait_prom 'sum(vllm:e2e_request_latency_seconds_count)' "$r0"
   h0=$(scalar 'sum(vllm:prefix_cache_hits_total)')
-  r0=$(scalar 'sum(vllm:e2e_request_latency_seconds_count)')
   for i in $(seq 1 30); do
     send "$(ticket "$i")" 4 >/dev/null
   done
