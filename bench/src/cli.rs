@@ -2,13 +2,15 @@
 //! the summary it prints and writes. Prints tables and writes JSON/CSV/plots under `--out`.
 //! Goals are reported as ratios, never asserted.
 //!
-//! - `policies` (default): prefix routing vs round_robin / random / least_loaded on four
-//!   seeded workloads, through Envoy with the filter, N sim pods; `--quick` ≤ 2 minutes.
+//! - `policies` (default): prefix routing vs round_robin / random / least_loaded, and the peer
+//!   routers (vllm-router, sglang-router), on four seeded workloads plus two closed-loop ones,
+//!   N sim pods; `--quick` ≤ 2 minutes (without the peers).
 //! - `cache`: cache cost per block, tokenizer throughput, server requests/s.
 //! - `filter`: filter overhead, Envoy with vs without it.
 //! - `faults`: pod kill / restart / join under load, unique prompts, a soak with kills.
 
-use crate::policies::{run_all, Saturation, SimCosts, POLICIES, SATURATED};
+use crate::peers::{Front, FRONTS};
+use crate::policies::{run_all, Saturation, SimCosts, HOT_SATURATED, SATURATED};
 use crate::trace::{TraceParams, Workload};
 use crate::{engine, faults, micro, overhead, plots, report, server, write_json};
 use clap::{Parser, ValueEnum};
@@ -48,7 +50,11 @@ struct Args {
     /// Requests per workload × policy run (default 24 quick, 150 full).
     #[arg(long)]
     requests: Option<usize>,
-    /// Requests of the closed-loop shared-prefix run (default 64 quick, 1000 full).
+    /// Also run the peer routers (vllm-router, sglang-router) in front of the same pods
+    /// (default: yes, except with --quick).
+    #[arg(long)]
+    peers: Option<bool>,
+    /// Requests of each closed-loop shared-prefix run (default 64 quick, 1000 full).
     #[arg(long)]
     saturated_requests: Option<usize>,
     /// Offered load, requests per second (Poisson arrivals).
@@ -124,33 +130,55 @@ pub fn main() -> anyhow::Result<()> {
             a.workloads.clone()
         };
         // closed loop: as many clients as the fleet has sequence slots; 16 tenants with
-        // 2k–6k-token contexts against 256-block (32k-token) pod caches, about 8 contexts each
-        let saturation = Saturation {
+        // 2k–6k-token contexts against 256-block (32k-token) pod caches, about 8 contexts each;
+        // then 4 tenants, which every pod's cache holds
+        let sat_requests = a
+            .saturated_requests
+            .unwrap_or(if a.quick { 64 } else { 1000 });
+        let saturations = [(SATURATED, 16), (HOT_SATURATED, 4)].map(|(name, tenants)| Saturation {
+            name,
             concurrency: a.pods * costs.max_num_seqs,
-            tenants: 16,
-            requests: a
-                .saturated_requests
-                .unwrap_or(if a.quick { 64 } else { 1000 }),
+            tenants,
+            requests: sat_requests,
             cache_blocks: 256,
-        };
+        });
+        let with_peers = a.peers.unwrap_or(!a.quick);
+        let fronts: Vec<Front> = FRONTS
+            .iter()
+            .copied()
+            .filter(|f| match f {
+                Front::Envoy(_) => true,
+                Front::Peer(p, _) => {
+                    if with_peers && !p.installed() {
+                        println!(
+                            "   (skipping {}: not installed at {}; scripts/install-peers.sh)",
+                            f.name(),
+                            p.bin().display()
+                        );
+                    }
+                    with_peers && p.installed()
+                }
+            })
+            .collect();
         println!("== policies: {} sim pods, sim costs {costs:?}", a.pods);
-        println!("   open loop at the trace's arrival times; shared-prefix also closed loop ({SATURATED}): {saturation:?}");
+        println!("   open loop at the trace's arrival times; shared-prefix also closed loop: {saturations:?}");
         println!(
-            "   trace: {params:?}; workloads {:?}; policies {POLICIES:?}",
-            workloads.iter().map(|w| w.name()).collect::<Vec<_>>()
+            "   trace: {params:?}; workloads {:?}; fronts {:?}",
+            workloads.iter().map(|w| w.name()).collect::<Vec<_>>(),
+            fronts.iter().map(|f| f.name()).collect::<Vec<_>>()
         );
         let runs = run_all(
             &bundle,
             &workloads,
-            &POLICIES,
+            &fronts,
             &params,
             a.pods,
             &costs,
-            Some(saturation),
+            &saturations,
             &a.out,
         )?;
         print!("{}", report::table(&runs));
-        let goals = report::goals(&runs);
+        let goals = report::goals(&runs) + &report::peer_goals(&runs);
         print!("{goals}");
         report::write_csv(&runs, &a.out.join("results.csv"))?;
         let files = plots::write_all(&runs, &a.out)?;

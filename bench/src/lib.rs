@@ -21,6 +21,7 @@ pub mod faults;
 pub mod micro;
 pub mod oracle;
 pub mod overhead;
+pub mod peers;
 pub mod plots;
 pub mod policies;
 pub mod replay;

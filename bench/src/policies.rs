@@ -1,7 +1,9 @@
-//! Prefix routing against the other policies, side by side: for every workload and policy, a
-//! fresh fleet of sim pods and one Envoy with the filter replay the same seeded trace.
+//! Prefix routing against the other policies and the peer routers, side by side: for every
+//! workload and front (Envoy with the filter under a policy, or a peer router), a fresh fleet
+//! of sim pods replays the same seeded trace through that front.
 
 use super::oracle::{oracle, Oracle};
+use super::peers::{self, Front};
 use super::replay::{quantile, replay, Arrivals, Outcome};
 use super::trace::{generate, write_jsonl, TraceParams, Workload};
 use prefix_core::ModelBundle;
@@ -10,17 +12,22 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 use test_harness::cluster::{client, pod_metric, run_dir, start_envoy_unvalidated, start_pods};
 
-pub const POLICIES: [&str; 4] = ["prefix", "round_robin", "random", "least_loaded"];
-
-/// The shared-prefix workload replayed closed-loop: what each policy gets out of the same fleet.
+/// The shared-prefix workload replayed closed-loop with many groups: what each front gets out
+/// of the same fleet.
 pub const SATURATED: &str = "shared-prefix-saturated";
 
-/// The closed-loop run ([`SATURATED`]): a shared-prefix trace with more tenants than one pod's
-/// cache holds (while the fleet's caches together hold them several times over), sent by a
-/// fixed number of clients back to back. That is the situation prefix-aware routing exists
-/// for; with few tenants and large caches every policy ends up with every prefix everywhere.
+/// The same, with a few hot groups that every pod's cache could hold.
+pub const HOT_SATURATED: &str = "hot-groups-saturated";
+
+/// A closed-loop run: a shared-prefix trace sent by a fixed number of clients back to back.
+/// With more tenants than one pod's cache holds (while the fleet's caches together hold them
+/// several times over: [`SATURATED`]) that is the situation prefix-aware routing exists for;
+/// with a few tenants that fit everywhere ([`HOT_SATURATED`]) warming every pod and balancing
+/// is what wins.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Saturation {
+    /// the run's workload name in the tables
+    pub name: &'static str,
     /// closed-loop clients
     pub concurrency: usize,
     pub tenants: u32,
@@ -81,7 +88,8 @@ pub struct PolicyRun {
     pub per_pod: Vec<f64>,
     /// max / mean of `per_pod`
     pub spread: f64,
-    pub envoy_cpu_s_per_1k: f64,
+    /// CPU seconds the front (Envoy, or the peer router) spent per 1000 requests
+    pub front_cpu_s_per_1k: f64,
     /// TTFTs of successful requests (for the CDF plot)
     #[serde(skip)]
     pub ttfts: Vec<f64>,
@@ -99,12 +107,51 @@ fn cpu_seconds(pid: Option<u32>) -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
-/// One workload × policy run on a fresh fleet.
+/// The process in front of the pods for one run.
+enum Running {
+    Envoy(test_harness::cluster::Envoy),
+    Peer(peers::PeerRouter),
+}
+
+impl Running {
+    fn start(front: Front, addrs: &[String], dir: &Path) -> anyhow::Result<Running> {
+        Ok(match front {
+            Front::Envoy(policy) => Running::Envoy(start_envoy_unvalidated(
+                "envoy",
+                addrs,
+                true,
+                |s| {
+                    s.policy = policy.to_owned();
+                    s.debug_headers = false;
+                    s.max_body_bytes = 8 * 1024 * 1024;
+                },
+                dir,
+            )?),
+            Front::Peer(peer, policy) => Running::Peer(peers::start(peer, policy, addrs, dir)?),
+        })
+    }
+
+    fn url(&self) -> String {
+        match self {
+            Running::Envoy(e) => e.url(""),
+            Running::Peer(p) => p.url(""),
+        }
+    }
+
+    fn pid(&self) -> Option<u32> {
+        match self {
+            Running::Envoy(e) => e.proc.pid(),
+            Running::Peer(p) => p.proc.pid(),
+        }
+    }
+}
+
+/// One workload × front run on a fresh fleet; `name` is the workload's name in the tables.
 #[allow(clippy::too_many_arguments)]
 pub fn run_one(
-    workload: Workload,
+    name: &'static str,
     arrivals: Arrivals,
-    policy: &'static str,
+    front: Front,
     trace: &[super::trace::TraceRequest],
     oracle_rate: Oracle,
     pods: usize,
@@ -112,11 +159,8 @@ pub fn run_one(
     cache_blocks: Option<usize>,
     tick: impl Fn() + Send + Sync,
 ) -> anyhow::Result<PolicyRun> {
-    let name = match arrivals {
-        Arrivals::Scheduled => workload.name(),
-        Arrivals::Saturated { .. } => SATURATED,
-    };
-    let dir = run_dir(&format!("bench-{name}-{policy}"));
+    let policy = front.name();
+    let dir = run_dir(&format!("bench-{name}-{}", policy.replace(' ', "-")));
     let mut args = costs.args();
     if let Some(n) = cache_blocks {
         args.extend(["--cache-blocks".to_owned(), n.to_string()]);
@@ -124,28 +168,18 @@ pub fn run_one(
     let arg_refs: Vec<&str> = args.iter().map(String::as_str).collect();
     let fleet = start_pods(pods, &arg_refs, &dir)?;
     let addrs: Vec<String> = fleet.iter().map(|p| p.addr.clone()).collect();
-    let envoy = start_envoy_unvalidated(
-        "envoy",
-        &addrs,
-        true,
-        |s| {
-            s.policy = policy.to_owned();
-            s.debug_headers = false;
-            s.max_body_bytes = 8 * 1024 * 1024;
-        },
-        &dir,
-    )?;
-    let cpu0 = cpu_seconds(envoy.proc.pid());
+    let running = Running::start(front, &addrs, &dir)?;
+    let cpu0 = cpu_seconds(running.pid());
     let started = Instant::now();
     let outcomes: Vec<Outcome> = replay(
-        &envoy.url(""),
+        &running.url(),
         trace,
         arrivals,
         Duration::from_secs(60),
         tick,
     )?;
     let duration_s = started.elapsed().as_secs_f64();
-    let cpu = cpu_seconds(envoy.proc.pid()) - cpu0;
+    let cpu = cpu_seconds(running.pid()) - cpu0;
 
     let http = client();
     let metric = |name: &str| -> Vec<f64> {
@@ -194,27 +228,31 @@ pub fn run_one(
         },
         spread: if mean > 0.0 { max / mean } else { f64::NAN },
         per_pod,
-        envoy_cpu_s_per_1k: cpu / outcomes.len().max(1) as f64 * 1000.0,
+        front_cpu_s_per_1k: cpu / outcomes.len().max(1) as f64 * 1000.0,
         ttfts,
     })
 }
 
-/// Every workload × policy; traces saved under `out`. With `saturate` (and the shared-prefix
-/// workload selected), also the closed-loop [`SATURATED`] run per policy.
+/// Every workload × front; traces saved under `out`. With `saturate` (and the shared-prefix
+/// workload selected), also each closed-loop run per front.
 #[allow(clippy::too_many_arguments)]
 pub fn run_all(
     bundle: &ModelBundle,
     workloads: &[Workload],
-    policies: &[&'static str],
+    fronts: &[Front],
     params: &TraceParams,
     pods: usize,
     costs: &SimCosts,
-    saturate: Option<Saturation>,
+    saturate: &[Saturation],
     out: &Path,
 ) -> anyhow::Result<Vec<PolicyRun>> {
-    let saturate = saturate.filter(|_| workloads.contains(&Workload::SharedPrefix));
-    let total = workloads.len() * policies.len() * params.requests
-        + saturate.map_or(0, |s| policies.len() * s.requests);
+    let saturate: &[Saturation] = if workloads.contains(&Workload::SharedPrefix) {
+        saturate
+    } else {
+        &[]
+    };
+    let total = fronts.len()
+        * (workloads.len() * params.requests + saturate.iter().map(|s| s.requests).sum::<usize>());
     let bar = indicatif::ProgressBar::new(total as u64);
     bar.set_style(
         indicatif::ProgressStyle::with_template(
@@ -227,33 +265,40 @@ pub fn run_all(
         let trace = generate(w, params);
         write_jsonl(&out.join(format!("trace-{}.jsonl", w.name())), &trace)?;
         let o = oracle(bundle, &trace)?;
-        for &p in policies {
-            bar.set_message(format!("{} / {p}", w.name()));
+        for &f in fronts {
+            bar.set_message(format!("{} / {}", w.name(), f.name()));
             let open = Arrivals::Scheduled;
-            runs.push(run_one(w, open, p, &trace, o, pods, costs, None, || {
-                bar.inc(1)
-            })?);
+            runs.push(run_one(
+                w.name(),
+                open,
+                f,
+                &trace,
+                o,
+                pods,
+                costs,
+                None,
+                || bar.inc(1),
+            )?);
         }
     }
-    if let Some(s) = saturate {
+    for s in saturate {
         let sat_params = TraceParams {
             tenants: s.tenants,
             requests: s.requests,
             ..*params
         };
         let trace = generate(Workload::SharedPrefix, &sat_params);
-        write_jsonl(&out.join(format!("trace-{SATURATED}.jsonl")), &trace)?;
+        write_jsonl(&out.join(format!("trace-{}.jsonl", s.name)), &trace)?;
         let o = oracle(bundle, &trace)?;
-        for &p in policies {
-            bar.set_message(format!("{SATURATED} / {p}"));
+        for &f in fronts {
+            bar.set_message(format!("{} / {}", s.name, f.name()));
             let closed = Arrivals::Saturated {
                 concurrency: s.concurrency,
             };
-            let w = Workload::SharedPrefix;
             runs.push(run_one(
-                w,
+                s.name,
                 closed,
-                p,
+                f,
                 &trace,
                 o,
                 pods,

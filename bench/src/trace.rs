@@ -1,6 +1,7 @@
 //! Seeded workload generators. A trace is a list of timed OpenAI requests, saved as JSONL so
 //! a run can be reproduced and shared.
 
+use prefix_core::protocol::defaults;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
@@ -209,6 +210,9 @@ pub fn generate(w: Workload, p: &TraceParams) -> Vec<TraceRequest> {
                 ("/v1/chat/completions", body, c as u32)
             }
         };
+        // named as OpenAI clients do (the peer routers' request types require it)
+        let mut body = body;
+        body["model"] = json!(defaults::MODEL_NAME);
         out.push(TraceRequest {
             at_ms: t,
             path: path.to_owned(),

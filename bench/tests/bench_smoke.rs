@@ -1,8 +1,10 @@
-//! A tiny run of the policy benchmark: output files exist and the numbers are internally
-//! consistent (not that any policy wins).
+//! A tiny run of the policy benchmark, with a real peer router (sglang-router, installed by
+//! setup) as one of the fronts: output files exist and the numbers are internally consistent
+//! (not that any front wins).
 
 use prefix_router_bench::micro::default_bundle;
-use prefix_router_bench::policies::{run_all, Saturation, SimCosts};
+use prefix_router_bench::peers::{Front, Peer};
+use prefix_router_bench::policies::{run_all, Saturation, SimCosts, SATURATED};
 use prefix_router_bench::trace::{TraceParams, Workload};
 use prefix_router_bench::{plots, report};
 
@@ -29,26 +31,32 @@ fn policy_bench_smoke() {
     let runs = run_all(
         &bundle,
         &workloads,
-        &["prefix", "round_robin"],
+        &[
+            Front::Envoy("prefix"),
+            Front::Envoy("round_robin"),
+            Front::Peer(Peer::Sglang, "cache_aware"),
+        ],
         &params,
         2,
         &costs,
-        Some(Saturation {
+        &[Saturation {
+            name: SATURATED,
             concurrency: 3,
             tenants: 3,
             requests: params.requests,
             cache_blocks: 64,
-        }),
+        }],
         &out,
     )
     .unwrap();
-    // 2 workloads × 2 policies, plus shared-prefix replayed closed-loop per policy
-    assert_eq!(runs.len(), 6);
+    // 2 workloads × 3 fronts, plus shared-prefix replayed closed-loop per front
+    assert_eq!(runs.len(), 9);
+    assert_eq!(runs.iter().filter(|r| r.workload == SATURATED).count(), 3);
     assert_eq!(
         runs.iter()
-            .filter(|r| r.workload == prefix_router_bench::policies::SATURATED)
+            .filter(|r| r.policy == "sglang-router cache_aware")
             .count(),
-        2
+        3
     );
     for r in &runs {
         let what = format!("{} / {}", r.workload, r.policy);
@@ -102,4 +110,5 @@ fn policy_bench_smoke() {
     let csv = std::fs::read_to_string(out.join("results.csv")).unwrap();
     assert_eq!(csv.lines().count(), 1 + runs.len());
     assert!(report::table(&runs).contains("round_robin"));
+    assert!(report::peer_goals(&runs).contains("best peer"));
 }
