@@ -9,8 +9,11 @@
 //! - `filter`: filter overhead, Envoy with vs without it.
 //! - `faults`: pod kill / restart / join under load, unique prompts, a soak with kills.
 
+use crate::inference_perf::{self, IpWorkload};
 use crate::peers::{Front, FRONTS};
-use crate::policies::{run_all, Saturation, SimCosts, HOT_SATURATED, SATURATED};
+use crate::policies::{
+    run_all, Saturation, SimCosts, HOT_SATURATED, IP_HOT_GROUPS, IP_MANY_GROUPS, SATURATED,
+};
 use crate::trace::{TraceParams, Workload};
 use crate::{engine, faults, micro, overhead, plots, report, server, write_json};
 use clap::{Parser, ValueEnum};
@@ -54,6 +57,9 @@ struct Args {
     /// (default: yes, except with --quick).
     #[arg(long)]
     peers: Option<bool>,
+    /// Also drive every front with inference-perf (default: yes, except with --quick).
+    #[arg(long)]
+    inference_perf: Option<bool>,
     /// Requests of each closed-loop shared-prefix run (default 64 quick, 1000 full).
     #[arg(long)]
     saturated_requests: Option<usize>,
@@ -142,6 +148,31 @@ pub fn main() -> anyhow::Result<()> {
             requests: sat_requests,
             cache_blocks: 256,
         });
+        // the same two situations generated and sent by inference-perf: 32 groups of 2k-token
+        // system prompts (more than one pod's cache holds), and 4 groups (every pod's holds)
+        let external: Vec<IpWorkload> =
+            if a.inference_perf.unwrap_or(!a.quick) && inference_perf::installed() {
+                [(IP_MANY_GROUPS, 32), (IP_HOT_GROUPS, 4)]
+                    .map(|(name, groups)| IpWorkload {
+                        name,
+                        groups,
+                        system_prompt_len: 2048,
+                        question_len: 64,
+                        output_len: 16,
+                        requests: sat_requests,
+                        concurrency: a.pods * costs.max_num_seqs,
+                        cache_blocks: 256,
+                    })
+                    .to_vec()
+            } else {
+                if a.inference_perf == Some(true) {
+                    println!(
+                    "   (skipping inference-perf: not installed at {}; scripts/install-peers.sh)",
+                    inference_perf::bin().display()
+                );
+                }
+                Vec::new()
+            };
         let with_peers = a.peers.unwrap_or(!a.quick);
         let fronts: Vec<Front> = FRONTS
             .iter()
@@ -162,6 +193,7 @@ pub fn main() -> anyhow::Result<()> {
             .collect();
         println!("== policies: {} sim pods, sim costs {costs:?}", a.pods);
         println!("   open loop at the trace's arrival times; shared-prefix also closed loop: {saturations:?}");
+        println!("   inference-perf (external load generator, its own shared-prefix prompts): {external:?}");
         println!(
             "   trace: {params:?}; workloads {:?}; fronts {:?}",
             workloads.iter().map(|w| w.name()).collect::<Vec<_>>(),
@@ -175,6 +207,7 @@ pub fn main() -> anyhow::Result<()> {
             a.pods,
             &costs,
             &saturations,
+            &external,
             &a.out,
         )?;
         print!("{}", report::table(&runs));

@@ -18,6 +18,7 @@
 pub mod cli;
 pub mod engine;
 pub mod faults;
+pub mod inference_perf;
 pub mod micro;
 pub mod oracle;
 pub mod overhead;

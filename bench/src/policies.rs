@@ -2,6 +2,7 @@
 //! workload and front (Envoy with the filter under a policy, or a peer router), a fresh fleet
 //! of sim pods replays the same seeded trace through that front.
 
+use super::inference_perf::{self, IpSummary, IpWorkload};
 use super::oracle::{oracle, Oracle};
 use super::peers::{self, Front};
 use super::replay::{quantile, replay, Arrivals, Outcome};
@@ -18,6 +19,10 @@ pub const SATURATED: &str = "shared-prefix-saturated";
 
 /// The same, with a few hot groups that every pod's cache could hold.
 pub const HOT_SATURATED: &str = "hot-groups-saturated";
+
+/// The two closed-loop situations again, generated and sent by inference-perf.
+pub const IP_MANY_GROUPS: &str = "ip-many-groups";
+pub const IP_HOT_GROUPS: &str = "ip-hot-groups";
 
 /// A closed-loop run: a shared-prefix trace sent by a fixed number of clients back to back.
 /// With more tenants than one pod's cache holds (while the fleet's caches together hold them
@@ -146,14 +151,67 @@ impl Running {
     }
 }
 
+/// What loads the front in one run.
+pub enum Driver<'a> {
+    /// The project's replay of a trace (oracle computed on the same trace).
+    Replay {
+        trace: &'a [super::trace::TraceRequest],
+        arrivals: Arrivals,
+        oracle: Oracle,
+    },
+    /// inference-perf with its own workload.
+    InferencePerf(&'a IpWorkload),
+}
+
+/// What the load generator measured of one run.
+struct Measured {
+    requests: usize,
+    ok: usize,
+    ttft_ms: [f64; 3],
+    e2e_ms: [f64; 3],
+    duration_s: f64,
+    output_tokens: f64,
+    /// TTFTs of successful requests, when the generator reports them one by one
+    ttfts: Vec<f64>,
+}
+
+impl Measured {
+    fn of_outcomes(outcomes: &[Outcome], duration_s: f64) -> Measured {
+        let ok: Vec<&Outcome> = outcomes.iter().filter(|o| o.ok()).collect();
+        let ttfts: Vec<f64> = ok.iter().filter_map(|o| o.ttft_ms).collect();
+        let e2e: Vec<f64> = ok.iter().map(|o| o.e2e_ms).collect();
+        let q = |v: &[f64]| [0.5, 0.9, 0.99].map(|x| quantile(v, x));
+        Measured {
+            requests: outcomes.len(),
+            ok: ok.len(),
+            ttft_ms: q(&ttfts),
+            e2e_ms: q(&e2e),
+            duration_s,
+            output_tokens: ok.iter().map(|o| o.output_tokens as f64).sum(),
+            ttfts,
+        }
+    }
+
+    fn of_inference_perf(s: &IpSummary) -> Measured {
+        Measured {
+            requests: s.ok + s.errors,
+            ok: s.ok,
+            ttft_ms: s.ttft_ms,
+            e2e_ms: s.e2e_ms,
+            duration_s: s.duration_s,
+            output_tokens: s.output_tokens,
+            ttfts: Vec::new(),
+        }
+    }
+}
+
 /// One workload × front run on a fresh fleet; `name` is the workload's name in the tables.
+/// The fleet hit rate and the spread come from the pods' own counters, whoever sent the load.
 #[allow(clippy::too_many_arguments)]
 pub fn run_one(
     name: &'static str,
-    arrivals: Arrivals,
+    driver: Driver<'_>,
     front: Front,
-    trace: &[super::trace::TraceRequest],
-    oracle_rate: Oracle,
     pods: usize,
     costs: &SimCosts,
     cache_blocks: Option<usize>,
@@ -170,15 +228,33 @@ pub fn run_one(
     let addrs: Vec<String> = fleet.iter().map(|p| p.addr.clone()).collect();
     let running = Running::start(front, &addrs, &dir)?;
     let cpu0 = cpu_seconds(running.pid());
-    let started = Instant::now();
-    let outcomes: Vec<Outcome> = replay(
-        &running.url(),
-        trace,
-        arrivals,
-        Duration::from_secs(60),
-        tick,
-    )?;
-    let duration_s = started.elapsed().as_secs_f64();
+    let (m, oracle_rate) = match driver {
+        Driver::Replay {
+            trace,
+            arrivals,
+            oracle,
+        } => {
+            let started = Instant::now();
+            let outcomes = replay(
+                &running.url(),
+                trace,
+                arrivals,
+                Duration::from_secs(60),
+                tick,
+            )?;
+            let duration_s = started.elapsed().as_secs_f64();
+            let _ = std::fs::write(
+                dir.join("outcomes.json"),
+                serde_json::to_vec(&outcomes).unwrap_or_default(),
+            );
+            (Measured::of_outcomes(&outcomes, duration_s), oracle)
+        }
+        Driver::InferencePerf(w) => {
+            let s = inference_perf::run(w, &running.url(), &dir)?;
+            (0..w.requests).for_each(|_| tick());
+            (Measured::of_inference_perf(&s), Oracle::default())
+        }
+    };
     let cpu = cpu_seconds(running.pid()) - cpu0;
 
     let http = client();
@@ -191,32 +267,24 @@ pub fn run_one(
     let hits: f64 = metric("vllm:prefix_cache_hits_total").iter().sum();
     let queries: f64 = metric("vllm:prefix_cache_queries_total").iter().sum();
     let per_pod = metric("vllm:e2e_request_latency_seconds_count");
-    let ok: Vec<&Outcome> = outcomes.iter().filter(|o| o.ok()).collect();
-    let ttfts: Vec<f64> = ok.iter().filter_map(|o| o.ttft_ms).collect();
-    let e2e: Vec<f64> = ok.iter().map(|o| o.e2e_ms).collect();
-    let out_tokens: u64 = ok.iter().map(|o| o.output_tokens).sum();
     let mean = per_pod.iter().sum::<f64>() / per_pod.len().max(1) as f64;
     let max = per_pod.iter().copied().fold(0.0, f64::max);
     let hit_rate = hits / queries.max(1.0);
-    let _ = std::fs::write(
-        dir.join("outcomes.json"),
-        serde_json::to_vec(&outcomes).unwrap_or_default(),
-    );
     Ok(PolicyRun {
         workload: name,
         policy,
-        requests: outcomes.len(),
-        ok: ok.len(),
-        errors: outcomes.len() - ok.len(),
-        ttft_p50_ms: quantile(&ttfts, 0.5),
-        ttft_p90_ms: quantile(&ttfts, 0.9),
-        ttft_p99_ms: quantile(&ttfts, 0.99),
-        e2e_p50_ms: quantile(&e2e, 0.5),
-        e2e_p90_ms: quantile(&e2e, 0.9),
-        e2e_p99_ms: quantile(&e2e, 0.99),
-        duration_s,
-        requests_per_s: ok.len() as f64 / duration_s,
-        output_tokens_per_s: out_tokens as f64 / duration_s,
+        requests: m.requests,
+        ok: m.ok,
+        errors: m.requests - m.ok,
+        ttft_p50_ms: m.ttft_ms[0],
+        ttft_p90_ms: m.ttft_ms[1],
+        ttft_p99_ms: m.ttft_ms[2],
+        e2e_p50_ms: m.e2e_ms[0],
+        e2e_p90_ms: m.e2e_ms[1],
+        e2e_p99_ms: m.e2e_ms[2],
+        duration_s: m.duration_s,
+        requests_per_s: m.ok as f64 / m.duration_s,
+        output_tokens_per_s: m.output_tokens / m.duration_s,
         prompt_tokens: queries,
         hit_tokens: hits,
         hit_rate,
@@ -228,13 +296,14 @@ pub fn run_one(
         },
         spread: if mean > 0.0 { max / mean } else { f64::NAN },
         per_pod,
-        front_cpu_s_per_1k: cpu / outcomes.len().max(1) as f64 * 1000.0,
-        ttfts,
+        front_cpu_s_per_1k: cpu / m.requests.max(1) as f64 * 1000.0,
+        ttfts: m.ttfts,
     })
 }
 
 /// Every workload × front; traces saved under `out`. With `saturate` (and the shared-prefix
-/// workload selected), also each closed-loop run per front.
+/// workload selected), also each closed-loop run per front; then each inference-perf
+/// workload of `external` per front.
 #[allow(clippy::too_many_arguments)]
 pub fn run_all(
     bundle: &ModelBundle,
@@ -244,6 +313,7 @@ pub fn run_all(
     pods: usize,
     costs: &SimCosts,
     saturate: &[Saturation],
+    external: &[IpWorkload],
     out: &Path,
 ) -> anyhow::Result<Vec<PolicyRun>> {
     let saturate: &[Saturation] = if workloads.contains(&Workload::SharedPrefix) {
@@ -252,7 +322,9 @@ pub fn run_all(
         &[]
     };
     let total = fronts.len()
-        * (workloads.len() * params.requests + saturate.iter().map(|s| s.requests).sum::<usize>());
+        * (workloads.len() * params.requests
+            + saturate.iter().map(|s| s.requests).sum::<usize>()
+            + external.iter().map(|w| w.requests).sum::<usize>());
     let bar = indicatif::ProgressBar::new(total as u64);
     bar.set_style(
         indicatif::ProgressStyle::with_template(
@@ -267,18 +339,14 @@ pub fn run_all(
         let o = oracle(bundle, &trace)?;
         for &f in fronts {
             bar.set_message(format!("{} / {}", w.name(), f.name()));
-            let open = Arrivals::Scheduled;
-            runs.push(run_one(
-                w.name(),
-                open,
-                f,
-                &trace,
-                o,
-                pods,
-                costs,
-                None,
-                || bar.inc(1),
-            )?);
+            let driver = Driver::Replay {
+                trace: &trace,
+                arrivals: Arrivals::Scheduled,
+                oracle: o,
+            };
+            runs.push(run_one(w.name(), driver, f, pods, costs, None, || {
+                bar.inc(1)
+            })?);
         }
     }
     for s in saturate {
@@ -292,18 +360,35 @@ pub fn run_all(
         let o = oracle(bundle, &trace)?;
         for &f in fronts {
             bar.set_message(format!("{} / {}", s.name, f.name()));
-            let closed = Arrivals::Saturated {
-                concurrency: s.concurrency,
+            let driver = Driver::Replay {
+                trace: &trace,
+                arrivals: Arrivals::Saturated {
+                    concurrency: s.concurrency,
+                },
+                oracle: o,
             };
             runs.push(run_one(
                 s.name,
-                closed,
+                driver,
                 f,
-                &trace,
-                o,
                 pods,
                 costs,
                 Some(s.cache_blocks),
+                || bar.inc(1),
+            )?);
+        }
+    }
+    for w in external {
+        for &f in fronts {
+            bar.set_message(format!("{} / {} (inference-perf)", w.name, f.name()));
+            let driver = Driver::InferencePerf(w);
+            runs.push(run_one(
+                w.name,
+                driver,
+                f,
+                pods,
+                costs,
+                Some(w.cache_blocks),
                 || bar.inc(1),
             )?);
         }
