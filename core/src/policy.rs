@@ -221,6 +221,25 @@ pub fn rendezvous<S: AsRef<str>>(key: BlockHash, pods: &[S]) -> Option<usize> {
         .map(|(i, _)| i)
 }
 
+/// The blocks of a prompt's chain that a router records as owned and looks up: 0, 1, 3, 7,
+/// …, 2^k − 1, and the last one. Block hashes are chained, so a pod that holds block `i` holds
+/// every block before it: probing these finds the owned prefix to within a factor of two (and
+/// exactly for a repeated prompt) with O(log n) table reads and writes per request instead of
+/// n, which was a third of the filter's cost on 2k-token prompts (measured). The pods' cache
+/// events still record every block they store.
+pub fn probe_positions(blocks: usize) -> Vec<usize> {
+    let mut out = Vec::with_capacity(usize::BITS as usize + 1);
+    let mut next = 1usize;
+    while next - 1 < blocks {
+        out.push(next - 1);
+        next = next.saturating_mul(2);
+    }
+    if blocks > 0 && out.last() != Some(&(blocks - 1)) {
+        out.push(blocks - 1);
+    }
+    out
+}
+
 /// Everything [`decide`] looks at.
 pub struct Inputs<'a, S: AsRef<str>> {
     pub policy: Policy,
@@ -338,8 +357,11 @@ fn choose<S: AsRef<str>>(
     let imbalanced =
         max_load - min_load > w.imbalance_abs && max_load > w.imbalance_ratio * min_load;
 
-    // per-pod match: the deepest block of the leading chain that the pod owns
-    for (i, &h) in input.hashes.iter().enumerate() {
+    // per-pod match: the deepest probed block of the leading chain that the pod owns
+    for i in probe_positions(input.hashes.len()) {
+        let Some(&h) = input.hashes.get(i) else {
+            break;
+        };
         let mut owned = false;
         for p in owners(h).into_iter().flatten() {
             if candidates.contains(&p) {
@@ -453,6 +475,53 @@ mod tests {
             [at(0), at(1)]
         })
         .unwrap()
+    }
+
+    #[test]
+    fn probes_double_then_take_the_last_block() {
+        assert_eq!(probe_positions(0), Vec::<usize>::new());
+        assert_eq!(probe_positions(1), [0]);
+        assert_eq!(probe_positions(3), [0, 1, 2]);
+        assert_eq!(probe_positions(4), [0, 1, 3]);
+        assert_eq!(probe_positions(16), [0, 1, 3, 7, 15]);
+        assert_eq!(probe_positions(17), [0, 1, 3, 7, 15, 16]);
+        assert_eq!(probe_positions(63), [0, 1, 3, 7, 15, 31, 62]);
+    }
+
+    #[test]
+    fn a_long_prompt_matches_its_deepest_probed_block() {
+        let hashes: Vec<BlockHash> = (1..=20).map(h).collect();
+        // pod 1 recorded a 10-block prompt that shares the first 10 (probed: 0, 1, 3, 7, 9);
+        // pod 2 holds the whole 20 (as a repeat records: 0, 1, 3, 7, 15, 19)
+        let ten: Vec<(u64, usize)> = [1, 2, 4, 8, 10].map(|k| (k, 1)).to_vec();
+        let d = run(Policy::Prefix, &idle(), &hashes, &ten, 0);
+        assert_eq!((d.pod, d.reason), (1, Reason::PrefixHit { blocks: 8 }));
+        let mut both = ten.clone();
+        both.extend([1, 2, 4, 8, 16, 20].map(|k| (k, 2)));
+        let d = run(Policy::Prefix, &idle(), &hashes, &both, 0);
+        assert_eq!((d.pod, d.reason), (2, Reason::PrefixHit { blocks: 20 }));
+        // a block that is not probed is never asked for
+        let lookups = std::cell::Cell::new(0);
+        let w = Weights::default();
+        let input = Inputs {
+            policy: Policy::Prefix,
+            weights: &w,
+            pods: &PODS,
+            loads: &idle(),
+            hashes: &hashes,
+            counter: 0,
+            random: 0,
+        };
+        decide(&input, |x| {
+            assert!(
+                [1, 2, 4, 8, 16, 20].contains(&x.0),
+                "block {} asked for",
+                x.0
+            );
+            lookups.set(lookups.get() + 1);
+            [Some(0), None]
+        });
+        assert_eq!(lookups.get(), 6);
     }
 
     #[test]

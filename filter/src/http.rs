@@ -389,8 +389,8 @@ mod tests {
         assert_eq!(f.0.metric("prefix_router_decisions.cold.m"), 1);
         assert_eq!(
             f.0.metric("prefix_router_table_entries.m"),
-            4,
-            "4 blocks of 4 chars"
+            3,
+            "4 blocks of 4 chars: the probed ones (0, 1, 3) recorded"
         );
         assert_eq!(s.inflight().iter().sum::<u32>(), 1);
         s.respond("200", true);

@@ -8,7 +8,7 @@ use crate::members::{read_slots, Members, Placement};
 use crate::ownership::{OwnershipTable, RecordStats};
 use crate::pods::{fleet_id, parse_state, Inflight, Keys, PodState};
 use prefix_core::membership::Slots;
-use prefix_core::policy::{decide, Decision, Inputs, PodLoad, Policy, Reason};
+use prefix_core::policy::{decide, probe_positions, Decision, Inputs, PodLoad, Policy, Reason};
 use prefix_core::request::{parse_request, Endpoint, InferenceRequest};
 use prefix_core::router_config::RouterConfig;
 use prefix_core::table::{Entry, TableLayout};
@@ -291,7 +291,12 @@ impl Router {
             members: Rc::clone(&fleet.members),
             model,
         };
-        let table = owners.record(&prompt.hashes, placed.pod(), generation);
+        // only the blocks lookups probe (the pod's events fill in the rest)
+        let probed: Vec<BlockHash> = probe_positions(prompt.hashes.len())
+            .into_iter()
+            .filter_map(|i| prompt.hashes.get(i).copied())
+            .collect();
+        let table = owners.record(&probed, placed.pod(), generation);
         // the in-flight read above is usually still current: one write, no second read
         let counted = placed
             .slot()
