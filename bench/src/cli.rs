@@ -10,6 +10,7 @@
 //! - `faults`: pod kill / restart / join under load, unique prompts, a soak with kills.
 
 use crate::inference_perf::{self, IpWorkload};
+use crate::overhead::Prompts;
 use crate::peers::{Front, FRONTS};
 use crate::policies::{
     run_all, Saturation, SimCosts, HOT_SATURATED, IP_HOT_GROUPS, IP_MANY_GROUPS, SATURATED,
@@ -257,19 +258,14 @@ pub fn main() -> anyhow::Result<()> {
         println!("== filter overhead: Envoy (--concurrency 2) with vs without the filter, {} zero-cost pod(s), unique prompts, {seconds} s each", a.overhead_pods);
         let text_2k = micro::text_of(&bundle, 2048)?;
         let cases = vec![
-            (128, micro::text_of(&bundle, 128)?, false),
-            (2048, text_2k.clone(), false),
-            (8000, micro::text_of(&bundle, 8000)?, false),
-            (2048, text_2k, true),
+            (128, micro::text_of(&bundle, 128)?, Prompts::Counter),
+            (2048, text_2k.clone(), Prompts::Counter),
+            (8000, micro::text_of(&bundle, 8000)?, Prompts::Counter),
+            (2048, text_2k.clone(), Prompts::Same),
+            (2048, text_2k, Prompts::Shuffled),
         ];
         let (rows, vm) = overhead::run(&cases, a.overhead_pods, seconds, a.connections, &a.out)?;
-        let label = |r: &overhead::OverheadRow| {
-            format!(
-                "{}{}",
-                r.prompt_tokens,
-                if r.repeated { " same" } else { "" }
-            )
-        };
+        let label = |r: &overhead::OverheadRow| format!("{}{}", r.prompt_tokens, r.prompts.label());
         println!("   saturated ({} connections):", a.connections);
         println!("   tokens       rps(no filter)  rps(filter)  ratio  p50 no/with (ms)   p99 no/with (ms)   added p50");
         for r in &rows {
@@ -309,7 +305,19 @@ pub fn main() -> anyhow::Result<()> {
                 show(r.filter_tokenize_us)
             );
         }
-        if let Some(r) = rows.iter().find(|r| r.prompt_tokens == 2048 && !r.repeated) {
+        if let Some(r) = rows
+            .iter()
+            .find(|r| r.prompt_tokens == 2048 && r.prompts == Prompts::Shuffled)
+        {
+            println!(
+                "   at 2k shuffled tokens (nothing repeats but words): rps ratio {:.2}, added p50 {:.2} ms saturated, {:.2} ms unloaded",
+                r.rps_ratio, r.added_p50_ms, r.added_p50_unloaded_ms
+            );
+        }
+        if let Some(r) = rows
+            .iter()
+            .find(|r| r.prompt_tokens == 2048 && r.prompts == Prompts::Counter)
+        {
             let met = |ok: bool| if ok { "met" } else { "MISSED" };
             println!(
                 "   goals at 2k unique tokens: added p50 {:.2} ms saturated ({}), {:.2} ms unloaded ({}) (goal ≤ 1 ms); rps ratio {:.2} (goal ≥ 0.8: {})",

@@ -6,12 +6,36 @@ use std::path::Path;
 use test_harness::cluster::{run_dir, start_envoy_unvalidated, start_pods};
 use test_harness::fleet::ZERO_COST;
 
+/// How the requests of one overhead case differ from each other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Prompts {
+    /// Unique by a leading counter: every prompt is new to the table (hash, table writes),
+    /// but its text after the counter repeats, so the tokenizer's chunk cache serves most of
+    /// it (as for a shared document or system prompt behind a new first line).
+    Counter,
+    /// The same prompt every time: the hit path (segment cache, the table already knows it).
+    Same,
+    /// Every prompt's words drawn at random from the text's: no chunk, segment or block
+    /// repeats (the per-word cache still knows the words); the tokenizer's full work.
+    Shuffled,
+}
+
+impl Prompts {
+    /// The row's label suffix in the printed table.
+    pub fn label(self) -> &'static str {
+        match self {
+            Prompts::Counter => "",
+            Prompts::Same => " same",
+            Prompts::Shuffled => " shuffled",
+        }
+    }
+}
+
 #[derive(Debug, Serialize)]
 pub struct OverheadRow {
     pub prompt_tokens: usize,
-    /// every request sends the same prompt (the filter's hit path, segment cache warm);
-    /// otherwise each is made unique by a leading counter (full work: tokenize, table writes)
-    pub repeated: bool,
+    pub prompts: Prompts,
     /// one connection, no queueing: the latency the filter adds to a single request
     pub unloaded_without_filter: LoadResult,
     pub unloaded_with_filter: LoadResult,
@@ -56,11 +80,10 @@ pub(crate) fn rss_mb(pid: Option<u32>) -> f64 {
         .unwrap_or(0.0)
 }
 
-/// `cases`: (token count, prompt text, repeated). Unless `repeated`, every request is made
-/// unique by a leading counter, so the filter always does its full work (tokenize, hash,
-/// table writes). Each case is measured saturated (`connections`) and unloaded (one).
+/// `cases`: (token count, prompt text, how requests differ). Each case is measured saturated
+/// (`connections`) and unloaded (one).
 pub fn run(
-    cases: &[(usize, String, bool)],
+    cases: &[(usize, String, Prompts)],
     pods: usize,
     seconds: u32,
     connections: u32,
@@ -93,19 +116,33 @@ pub fn run(
         &dir,
     )?;
     let mut rows = Vec::new();
-    for (tokens, text, repeated) in cases {
-        let body = if *repeated {
-            format!("'{{\"prompt\":\"{text}\",\"max_tokens\":1}}'")
-        } else {
-            format!("'{{\"prompt\":\"' .. n .. ' {text}\",\"max_tokens\":1}}'")
+    for (tokens, text, prompts) in cases {
+        let (prelude, body) = match prompts {
+            Prompts::Same => (
+                String::new(),
+                format!("'{{\"prompt\":\"{text}\",\"max_tokens\":1}}'"),
+            ),
+            Prompts::Counter => (
+                String::new(),
+                format!("'{{\"prompt\":\"' .. n .. ' {text}\",\"max_tokens\":1}}'"),
+            ),
+            Prompts::Shuffled => (
+                format!(
+                    "local words = {{}}\nfor w in string.gmatch([==[{text}]==], \"%S+\") do words[#words + 1] = w end\n\
+                     math.randomseed(os.time())\n\
+                     local function shuffled()\n  local t = {{}}\n  for i = 1, #words do t[i] = words[math.random(#words)] end\n  return table.concat(t, \" \")\nend"
+                ),
+                "'{\"prompt\":\"' .. shuffled() .. '\",\"max_tokens\":1}'".to_owned(),
+            ),
         };
+        let run = |url: &str, c: u32, s: u32| wrk::run_script(url, &prelude, &body, c, s, &dir);
         let url_plain = plain.url("/v1/completions");
         let url_filter = filtered.url("/v1/completions");
         // warm both paths
-        wrk::run(&url_plain, &body, 2, 1, &dir)?;
-        wrk::run(&url_filter, &body, 2, 1, &dir)?;
-        let without_filter = wrk::run(&url_plain, &body, connections, seconds, &dir)?;
-        let with_filter = wrk::run(&url_filter, &body, connections, seconds, &dir)?;
+        run(&url_plain, 2, 1)?;
+        run(&url_filter, 2, 1)?;
+        let without_filter = run(&url_plain, connections, seconds)?;
+        let with_filter = run(&url_filter, connections, seconds)?;
         // right after the saturated run, so Envoy's last stats interval is that load's
         let stats = test_harness::cluster::client()
             .get(filtered.admin_url("/stats?filter=prefix_router_(route|tokenize)_us$"))
@@ -113,11 +150,11 @@ pub fn run(
             .and_then(|r| r.text())
             .unwrap_or_default();
         let quiet = (seconds / 2).max(2);
-        let unloaded_without_filter = wrk::run(&url_plain, &body, 1, quiet, &dir)?;
-        let unloaded_with_filter = wrk::run(&url_filter, &body, 1, quiet, &dir)?;
+        let unloaded_without_filter = run(&url_plain, 1, quiet)?;
+        let unloaded_with_filter = run(&url_filter, 1, quiet)?;
         rows.push(OverheadRow {
             prompt_tokens: *tokens,
-            repeated: *repeated,
+            prompts: *prompts,
             added_p50_unloaded_ms: unloaded_with_filter.p50_ms - unloaded_without_filter.p50_ms,
             unloaded_without_filter,
             unloaded_with_filter,

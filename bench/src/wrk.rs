@@ -24,6 +24,18 @@ pub fn run(
     seconds: u32,
     dir: &Path,
 ) -> anyhow::Result<LoadResult> {
+    run_script(url, "", body_lua, connections, seconds, dir)
+}
+
+/// [`run`] with Lua `prelude` run once per wrk thread first (functions `body_lua` may call).
+pub fn run_script(
+    url: &str,
+    prelude: &str,
+    body_lua: &str,
+    connections: u32,
+    seconds: u32,
+    dir: &Path,
+) -> anyhow::Result<LoadResult> {
     if !url.starts_with("http://127.0.0.1:") {
         bail!("load is only ever sent to 127.0.0.1");
     }
@@ -31,7 +43,7 @@ pub fn run(
     std::fs::write(
         &script,
         format!(
-            "local n = 0\nrequest = function()\n  n = n + 1\n  local body = {body_lua}\n  return wrk.format('POST', nil, {{['Content-Type'] = 'application/json'}}, body)\nend\n"
+            "{prelude}\nlocal n = 0\nrequest = function()\n  n = n + 1\n  local body = {body_lua}\n  return wrk.format('POST', nil, {{['Content-Type'] = 'application/json'}}, body)\nend\n"
         ),
     )?;
     let out = Command::new("wrk")

@@ -9,7 +9,7 @@
 //! decided by hand for ASCII text (the `regex` crate's automata only where a non-ASCII
 //! character is involved), the single look-ahead alternative (`\s+(?!\S)`) is applied by
 //! hand, and each split word's BPE result is cached (long segments between added tokens too,
-//! whole). Only the tokenizer shapes checked in [`FastBpe::from_json`] are handled; anything
+//! whole once seen twice, and chunk by chunk when they start with text seen before). Only the tokenizer shapes checked in [`FastBpe::from_json`] are handled; anything
 //! else returns `None` and the caller keeps using the `tokenizers` crate. Equivalence is tested
 //! against the `tokenizers` crate on the real vocabulary (`core/tests/fast_bpe_equivalence.rs`).
 
@@ -39,18 +39,133 @@ const CACHE_LIMIT: usize = 100_000;
 /// Segments (text between added tokens) at least this long are cached whole.
 const SEGMENT_MIN_BYTES: usize = 256;
 
-/// Bytes of segment text plus ids kept in the segment cache before it is cleared.
+/// Bytes of text plus ids kept in the segment cache (and again in the chunk cache) before it
+/// is cleared.
 const SEGMENT_BUDGET: usize = 4 << 20;
 
-/// Per-encoder memo. Two levels, both exact: text between two added tokens is encoded
+/// Chunks of a long segment: at least this many bytes…
+const CHUNK_MIN_BYTES: usize = 128;
+/// …cut where the 8 bytes before a safe space hash to 0 modulo this (≈ every 16 words)…
+const CHUNK_CUT_MASK: u64 = 31;
+/// …or at the first safe space past this many bytes.
+const CHUNK_MAX_BYTES: usize = 1024;
+
+/// Per-encoder memo. Three levels, all exact: text between two added tokens is encoded
 /// independently of everything around it, so a repeated segment (a runbook prompt sent again,
 /// a chat's system prompt or earlier turns, each delimited by the template's special tokens)
-/// reuses its ids whole; and every split word reuses its BPE result.
+/// reuses its ids whole; a long segment seen for the first time is cut into chunks at places
+/// no word crosses ([`chunk_end`]), and a chunk seen before (a shared document, a system
+/// prompt followed by other text, an earlier turn) reuses its ids; and every split word
+/// reuses its BPE result.
 #[derive(Default)]
 struct Memo {
     words: FastMap<String, Vec<u32>>,
-    segments: FastMap<Box<str>, Box<[u32]>>,
-    segment_bytes: usize,
+    segments: Recall,
+    chunks: Recall,
+}
+
+/// Slots of [`Recall`]'s table of texts seen once (a text's key goes to one slot, replacing
+/// whatever was there): a fixed 64 KB, so a stream of texts that never repeat costs one store
+/// each, with no allocation and no rehashing.
+const SEEN_SLOTS: usize = 8192;
+
+/// Texts (segments or chunks) and their ids, kept from their second sighting on: a text seen
+/// once costs a hash and a set entry, not a copy, so prompts that never repeat pay almost
+/// nothing for the cache (keeping every chunk of them cost more than the cache saved:
+/// measured, 2k-token prompts whose words were shuffled per request).
+struct Recall {
+    kept: FastMap<u64, (Box<str>, Box<[u32]>)>,
+    seen_once: Box<[u64]>,
+    bytes: usize,
+}
+
+impl Default for Recall {
+    fn default() -> Self {
+        Recall {
+            kept: FastMap::default(),
+            seen_once: vec![0; SEEN_SLOTS].into_boxed_slice(),
+            bytes: 0,
+        }
+    }
+}
+
+impl Recall {
+    fn key(text: &str) -> u64 {
+        xxhash_rust::xxh3::xxh3_64(text.as_bytes())
+    }
+
+    fn get(&self, key: u64, text: &str) -> Option<&[u32]> {
+        self.kept
+            .get(&key)
+            .filter(|(t, _)| **t == *text)
+            .map(|(_, ids)| &**ids)
+    }
+
+    /// Notes `key` as seen; true if it was not the last key noted in its slot.
+    fn note(&mut self, key: u64) -> bool {
+        match self.seen_once.get_mut((key as usize) % SEEN_SLOTS) {
+            Some(seen) if *seen != key => {
+                *seen = key;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether `text` was seen before (kept, or noted once).
+    fn recognizes(&self, key: u64, text: &str) -> bool {
+        self.get(key, text).is_some()
+            || self.seen_once.get((key as usize) % SEEN_SLOTS) == Some(&key)
+    }
+
+    /// `text` was just encoded to `ids`: kept if it was seen before, within `budget` bytes
+    /// (noted as seen once otherwise).
+    fn offer(&mut self, key: u64, text: &str, ids: &[u32], budget: usize) {
+        if self.note(key) {
+            return; // first sighting (or its slot was taken since)
+        }
+        let cost = text.len() + 4 * ids.len();
+        if cost > budget / 4 {
+            return; // one huge text must not flush everything else
+        }
+        if self.bytes + cost > budget {
+            self.kept.clear();
+            self.bytes = 0;
+        }
+        self.kept.insert(key, (text.into(), ids.into()));
+        self.bytes += cost;
+    }
+}
+
+/// Where the chunk of `b` that starts at `start` ends (`b.len()` for the last). A cut goes
+/// right before a space that follows a non-space ASCII character and precedes an ASCII
+/// letter: every split pattern here ends a word before such a space and starts the next one
+/// with it (` ?\p{L}+`, `[^\r\n\p{L}\p{N}]?\p{L}+`), no look-ahead reaches across it, and NFC
+/// composes nothing across a space, so encoding the chunks one by one gives the segment's
+/// ids. Whether a safe space is a cut depends on the 8 bytes before it (content-defined), so
+/// two texts that share a passage cut it alike whatever comes before it.
+fn chunk_end(b: &[u8], start: usize) -> usize {
+    // spaces found with memchr (a per-byte loop here was a fifth of the encoding time), none
+    // looked at within CHUNK_MIN_BYTES of the start
+    let mut from = start + CHUNK_MIN_BYTES;
+    while let Some(off) = b.get(from..).and_then(|rest| memchr::memchr(b' ', rest)) {
+        let i = from + off;
+        from = i + 1;
+        let (Some(&before), Some(&next)) = (b.get(i - 1), b.get(i + 1)) else {
+            break;
+        };
+        if !next.is_ascii_alphabetic() || !before.is_ascii() || before.is_ascii_whitespace() {
+            continue;
+        }
+        let Some(window) = b.get(i - 8..i).and_then(|w| <[u8; 8]>::try_from(w).ok()) else {
+            continue;
+        };
+        let h = u64::from_le_bytes(window).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58;
+        if h & CHUNK_CUT_MASK == 0 || i - start >= CHUNK_MAX_BYTES {
+            return i;
+        }
+    }
+    b.len()
 }
 
 struct AddedTokens {
@@ -386,23 +501,50 @@ impl FastBpe {
         if seg.len() < SEGMENT_MIN_BYTES {
             return self.encode_segment(seg, &mut memo.words, out);
         }
-        if let Some(ids) = memo.segments.get(seg) {
+        let key = Recall::key(seg);
+        if let Some(ids) = memo.segments.get(key, seg) {
             out.extend_from_slice(ids);
             return;
         }
         let from = out.len();
-        self.encode_segment(seg, &mut memo.words, out);
+        self.encode_chunks(seg, memo, out);
         let ids = out.get(from..).unwrap_or_default();
-        let cost = seg.len() + 4 * ids.len();
-        if cost > SEGMENT_BUDGET / 4 {
-            return; // one huge prompt must not flush everything else
+        memo.segments.offer(key, seg, ids, SEGMENT_BUDGET);
+    }
+
+    /// A long segment not seen whole before. When its first chunk was seen before (the text
+    /// shares its start with an earlier one: a document, a system prompt, an earlier turn),
+    /// chunk by chunk from the chunk cache; otherwise whole, noting that first chunk, so text
+    /// that never repeats pays for finding one cut and nothing more (cutting all of it cost a
+    /// fifth more than it saved there: measured).
+    fn encode_chunks(&self, seg: &str, memo: &mut Memo, out: &mut Vec<u32>) {
+        let b = seg.as_bytes();
+        let mut start = 0;
+        let mut end = chunk_end(b, 0);
+        let first = seg.get(..end).unwrap_or_default();
+        let key = Recall::key(first);
+        if end == b.len() || !memo.chunks.recognizes(key, first) {
+            memo.chunks.note(key);
+            return self.encode_segment(seg, &mut memo.words, out);
         }
-        if memo.segment_bytes + cost > SEGMENT_BUDGET {
-            memo.segments.clear();
-            memo.segment_bytes = 0;
+        while start < b.len() {
+            let Some(chunk) = seg.get(start..end) else {
+                // never: cuts are at ASCII spaces
+                self.encode_segment(seg.get(start..).unwrap_or_default(), &mut memo.words, out);
+                return;
+            };
+            let key = Recall::key(chunk);
+            if let Some(ids) = memo.chunks.get(key, chunk) {
+                out.extend_from_slice(ids);
+            } else {
+                let from = out.len();
+                self.encode_segment(chunk, &mut memo.words, out);
+                let ids = out.get(from..).unwrap_or_default();
+                memo.chunks.offer(key, chunk, ids, SEGMENT_BUDGET);
+            }
+            start = end;
+            end = chunk_end(b, start);
         }
-        memo.segments.insert(seg.into(), ids.into());
-        memo.segment_bytes += cost;
     }
 
     fn encode_segment(&self, seg: &str, cache: &mut FastMap<String, Vec<u32>>, out: &mut Vec<u32>) {

@@ -195,3 +195,10 @@ fn repeated_long_segments_match() {
         check(&t, &format!("{i} {text}<|im_end|>{text}"));
     }
 }
+
+/// Long texts are cut into chunks at spaces no word crosses, each chunk cached: the chunks'
+/// ids joined are the whole text's, whatever precedes a passage and however it recurs.
+#[test]
+fn long_texts_cut_into_chunks_match() {
+    common::check_long_random("SmolLM2", &tokenizer(), 0x0c4a_2c4a_2c4a, 600);
+}

@@ -220,3 +220,13 @@ fn random_ascii_heavy_strings_match() {
         );
     }
 }
+
+/// Long texts are cut into chunks at spaces no word crosses, each chunk cached: the chunks'
+/// ids joined are the whole text's, whatever precedes a passage and however it recurs.
+#[test]
+fn long_texts_cut_into_chunks_match() {
+    for (i, f) in FAMILIES.into_iter().enumerate() {
+        let t = tokenizer(f);
+        common::check_long_random(f, &t, 0x005e_ed0f_c4a2 ^ (i as u64) << 9, 600);
+    }
+}

@@ -34,3 +34,72 @@ pub fn check_random(
         check(what, t, &text);
     }
 }
+
+/// `count` long texts (hundreds of pieces, so each is cut into chunks and its chunks meet
+/// again in other texts) drawn from words, spaces and their neighbours: punctuation, digits,
+/// whitespace runs, non-ASCII letters, a combining accent (NFC), emoji.
+pub fn check_long_random(what: &str, t: &Tokenizer, seed: u64, count: usize) {
+    const PIECES: [&str; 32] = [
+        "word",
+        " word",
+        " The",
+        " on-call",
+        " payments",
+        " restart",
+        ".",
+        ",",
+        ":",
+        " ",
+        "  ",
+        "\n",
+        "\n\n",
+        "\t",
+        "123",
+        " 4567",
+        "é",
+        "e\u{301}",
+        " naïve",
+        "—",
+        "'s",
+        "'re",
+        " \u{a0}x",
+        "٣",
+        "日本",
+        " 🙂",
+        "(",
+        ")",
+        "-",
+        " a",
+        " I",
+        "x",
+    ];
+    let mut state = seed;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    // a few passages that recur, so chunks are served from the cache in new surroundings
+    let passages: Vec<String> = (0..4)
+        .map(|_| {
+            (0..120)
+                .map(|_| PIECES[(next() % PIECES.len() as u64) as usize])
+                .collect()
+        })
+        .collect();
+    for _ in 0..count {
+        let mut text = String::new();
+        for _ in 0..(2 + next() % 4) {
+            match next() % 3 {
+                0 => text.push_str(&passages[(next() % passages.len() as u64) as usize]),
+                _ => {
+                    for _ in 0..(next() % 150) {
+                        text.push_str(PIECES[(next() % PIECES.len() as u64) as usize]);
+                    }
+                }
+            }
+        }
+        check(what, t, &text);
+    }
+}
