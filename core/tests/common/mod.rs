@@ -10,6 +10,17 @@ pub fn check(what: &str, t: &Tokenizer, text: &str) {
     assert_eq!(fast, reference, "{what}: mismatch for {text:?}");
 }
 
+/// A seeded xorshift64 generator.
+fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+    let mut state = seed;
+    move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    }
+}
+
 /// `count` strings of up to `max_len` pieces drawn from `alphabet` (seeded xorshift).
 pub fn check_random(
     what: &str,
@@ -19,13 +30,7 @@ pub fn check_random(
     count: usize,
     max_len: u64,
 ) {
-    let mut state = seed;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut next = xorshift(seed);
     for _ in 0..count {
         let len = next() % max_len;
         let text: String = (0..len)
@@ -73,13 +78,7 @@ pub fn check_long_random(what: &str, t: &Tokenizer, seed: u64, count: usize) {
         " I",
         "x",
     ];
-    let mut state = seed;
-    let mut next = move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        state
-    };
+    let mut next = xorshift(seed);
     // a few passages that recur, so chunks are served from the cache in new surroundings
     let passages: Vec<String> = (0..4)
         .map(|_| {
