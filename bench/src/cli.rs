@@ -101,6 +101,12 @@ struct Args {
     out: PathBuf,
 }
 
+/// A (p50, p99) pair as printed, `n/a` when there were no samples.
+fn p50_p99(v: Option<(f64, f64)>) -> String {
+    v.map(|(a, b)| format!("{a:.0} / {b:.0}"))
+        .unwrap_or_else(|| "n/a".into())
+}
+
 /// Parses the command line and runs the chosen benchmarks.
 pub fn main() -> anyhow::Result<()> {
     let a = Args::parse();
@@ -294,15 +300,11 @@ pub fn main() -> anyhow::Result<()> {
         );
         println!("   tokens       route total      of which tokenize");
         for r in &rows {
-            let show = |v: Option<(f64, f64)>| {
-                v.map(|(a, b)| format!("{a:.0} / {b:.0}"))
-                    .unwrap_or_else(|| "n/a".into())
-            };
             println!(
                 "   {:<11}  {:>15}  {:>15}",
                 label(r),
-                show(r.filter_route_us),
-                show(r.filter_tokenize_us)
+                p50_p99(r.filter_route_us),
+                p50_p99(r.filter_tokenize_us)
             );
         }
         if let Some(r) = rows
@@ -340,10 +342,6 @@ pub fn main() -> anyhow::Result<()> {
         ];
         let fams = overhead::families(&families, &micro::text_of(&bundle, 2048)?, seconds, &a.out)?;
         for f in &fams {
-            let pair = |v: Option<(f64, f64)>| {
-                v.map(|(a, b)| format!("{a:.0} / {b:.0}"))
-                    .unwrap_or_else(|| "n/a".into())
-            };
             println!(
                 "   {:<22} {:>8.1} MB     {:<27} {:>6.0}                      {:+.2} ms   {:>16}  {:>19}",
                 f.family,
@@ -351,8 +349,8 @@ pub fn main() -> anyhow::Result<()> {
                 f.vm_load_ms.iter().map(|(a, b)| format!("{a}/{b}")).collect::<Vec<_>>().join(", "),
                 f.envoy_rss_mb,
                 f.added_p50_unloaded_ms,
-                pair(f.filter_route_us),
-                pair(f.filter_tokenize_us)
+                p50_p99(f.filter_route_us),
+                p50_p99(f.filter_tokenize_us)
             );
         }
         summary.insert(
