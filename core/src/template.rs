@@ -127,28 +127,29 @@ fn py_tojson(value: minijinja::Value, kwargs: minijinja::value::Kwargs) -> Resul
 /// Python's default JSON separators, `", "` and `": "`.
 struct PyCompact;
 
+/// `", "` before every array value or object key but the first.
+fn py_separator<W: ?Sized + std::io::Write>(w: &mut W, first: bool) -> std::io::Result<()> {
+    if first {
+        Ok(())
+    } else {
+        w.write_all(b", ")
+    }
+}
+
 impl serde_json::ser::Formatter for PyCompact {
     fn begin_array_value<W: ?Sized + std::io::Write>(
         &mut self,
         w: &mut W,
         first: bool,
     ) -> std::io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            w.write_all(b", ")
-        }
+        py_separator(w, first)
     }
     fn begin_object_key<W: ?Sized + std::io::Write>(
         &mut self,
         w: &mut W,
         first: bool,
     ) -> std::io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            w.write_all(b", ")
-        }
+        py_separator(w, first)
     }
     fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
         w.write_all(b": ")
