@@ -9,7 +9,7 @@ use crate::ownership::{OwnershipTable, RecordStats};
 use crate::pods::{fleet_id, parse_state, Inflight, Keys, PodState};
 use prefix_core::membership::Slots;
 use prefix_core::policy::{decide, probe_positions, Decision, Inputs, PodLoad, Policy, Reason};
-use prefix_core::request::{parse_request, Endpoint, InferenceRequest};
+use prefix_core::request::InferenceRequest;
 use prefix_core::router_config::RouterConfig;
 use prefix_core::table::{Entry, TableLayout};
 use prefix_core::{ApiError, BlockHash, ModelBundle};
@@ -229,15 +229,16 @@ impl Router {
         })
     }
 
-    /// Routes an inference request body (already bounded by `max_body_bytes`): parses it and
-    /// [`Router::route_request`]s it.
+    /// Routes an inference request body: parses it and [`Router::route_request`]s it (the
+    /// HTTP context parses once itself, to find the model first; this is for the tests).
+    #[cfg(test)]
     pub fn route<S: Store>(
         &self,
         store: &S,
-        endpoint: Endpoint,
+        endpoint: prefix_core::request::Endpoint,
         body: &[u8],
     ) -> Result<Option<Routed>, ApiError> {
-        self.route_request(store, &parse_request(endpoint, body)?)
+        self.route_request(store, &prefix_core::request::parse_request(endpoint, body)?)
     }
 
     /// A request balanced by load alone (reason `fallback`), for the model at index `model`
@@ -329,6 +330,7 @@ mod tests {
     use super::*;
     use crate::host::fake::FakeHost;
     use crate::testing::{tiny_bundle, PODS};
+    use prefix_core::request::Endpoint;
 
     fn router(bundle: Option<ModelBundle>) -> Router {
         Router::new(crate::testing::config(""), bundle, 0)
