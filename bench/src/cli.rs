@@ -72,6 +72,10 @@ struct Args {
     tenants: u32,
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// Only these fronts, by their names in the tables (`prefix`, `cost`, `round_robin`,
+    /// `sglang-router cache_aware`, …; default: all).
+    #[arg(long, value_delimiter = ',')]
+    fronts: Vec<String>,
     /// Only these workloads (default: all four).
     #[arg(long, value_enum, value_delimiter = ',')]
     workloads: Vec<Workload>,
@@ -184,6 +188,7 @@ pub fn main() -> anyhow::Result<()> {
         let fronts: Vec<Front> = FRONTS
             .iter()
             .copied()
+            .filter(|f| a.fronts.is_empty() || a.fronts.iter().any(|n| n == f.name()))
             .filter(|f| match f {
                 Front::Envoy(_) => true,
                 Front::Peer(p, _) => {

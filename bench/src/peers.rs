@@ -81,8 +81,9 @@ impl Front {
 
 /// Every front of a full comparison: the filter's four policies, both peers' cache-aware
 /// policy, and SGLang's round robin as the proxies' check.
-pub const FRONTS: [Front; 7] = [
+pub const FRONTS: [Front; 8] = [
     Front::Envoy("prefix"),
+    Front::Envoy("cost"),
     Front::Envoy("round_robin"),
     Front::Envoy("random"),
     Front::Envoy("least_loaded"),

@@ -127,7 +127,8 @@ impl Running {
                 true,
                 |s| {
                     s.policy = policy.to_owned();
-                    s.debug_headers = false;
+                    // on only to study decisions (the replay then records each reason)
+                    s.debug_headers = std::env::var_os("BENCH_DEBUG_HEADERS").is_some();
                     s.max_body_bytes = 8 * 1024 * 1024;
                 },
                 dir,

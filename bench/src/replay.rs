@@ -22,6 +22,10 @@ pub struct Outcome {
     pub e2e_ms: f64,
     pub output_tokens: u64,
     pub pod: String,
+    /// The filter's reason (`x-prefix-router-reason`; only with its debug headers on:
+    /// `BENCH_DEBUG_HEADERS=1`).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub reason: String,
     pub error: Option<String>,
 }
 
@@ -55,6 +59,7 @@ async fn one(
         e2e_ms: 0.0,
         output_tokens: 0,
         pod: String::new(),
+        reason: String::new(),
         error: None,
     };
     let work = async {
@@ -68,6 +73,12 @@ async fn one(
         out.pod = resp
             .headers()
             .get(prefix_core::protocol::headers::POD)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        out.reason = resp
+            .headers()
+            .get(prefix_core::protocol::headers::debug::REASON)
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_owned();

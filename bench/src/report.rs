@@ -86,7 +86,7 @@ pub fn goals(runs: &[PolicyRun]) -> String {
 }
 
 /// Against the peer routers (reported when their rows are there): on each shared-prefix
-/// workload, prefix routing's req/s, TTFT p90 and hit rate as ratios of the best peer's and of
+/// workload, this router's req/s (policies `prefix` and `cost`), TTFT p90 and hit rate as ratios of the best peer's and of
 /// round robin's; and the proxies' own comparability (round robin through each).
 pub fn peer_goals(runs: &[PolicyRun]) -> String {
     let mut s = String::new();
@@ -99,14 +99,19 @@ pub fn peer_goals(runs: &[PolicyRun]) -> String {
         s,
         "against the peers (best peer = the better cache_aware router on that measure):"
     );
-    for w in [
+    for (w, ours) in [
         SATURATED,
         HOT_SATURATED,
+        IP_MANY_GROUPS,
+        IP_HOT_GROUPS,
         "shared-prefix",
         "hot-tenant",
         "multi-turn",
-    ] {
-        let (Some(p), Some(rr)) = (find(runs, w, "prefix"), find(runs, w, "round_robin")) else {
+    ]
+    .into_iter()
+    .flat_map(|w| ["prefix", "cost"].map(|ours| (w, ours)))
+    {
+        let (Some(p), Some(rr)) = (find(runs, w, ours), find(runs, w, "round_robin")) else {
             continue;
         };
         let peers: Vec<&PolicyRun> = runs
@@ -137,7 +142,7 @@ pub fn peer_goals(runs: &[PolicyRun]) -> String {
         };
         let _ = writeln!(
             s,
-            "  {w}: req/s {rps_peer:.2}× best peer (goal ≥ 1.2: {}), {rps_rr:.2}× round robin (≥ 1.0: {}); TTFT p90 {p90_peer:.2}× best peer (≤ 0.8: {}), {p90_rr:.2}× round robin (≤ 1.0: {}); hit rate {:.3} vs best peer {best_hit:.3} ({}), {oracle}",
+            "  {w}, {ours}: req/s {rps_peer:.2}× best peer (goal ≥ 1.2: {}), {rps_rr:.2}× round robin (≥ 1.0: {}); TTFT p90 {p90_peer:.2}× best peer (≤ 0.8: {}), {p90_rr:.2}× round robin (≤ 1.0: {}); hit rate {:.3} vs best peer {best_hit:.3} ({}), {oracle}",
             mark(rps_peer >= 1.2), mark(rps_rr >= 1.0), mark(p90_peer <= 0.8), mark(p90_rr <= 1.0),
             p.hit_rate, mark(p.hit_rate >= best_hit)
         );

@@ -15,9 +15,11 @@
 //!   model's chat template and tokenize it with its vocabulary.
 //! - [`block`]: chained XXH3 hashes of the full token blocks (golden vectors in
 //!   `tests/data`).
+//! - [`cost`]: what a request costs on each pod (prefill per token, slot time, slots),
+//!   learned online from the pods' counters; the `cost` policy's input.
 //! - [`policy`]: **the routing decision** — a pod and a [`policy::Reason`], from the block
 //!   owners and the pods' loads.
-//! - [`table`]: the ownership table's layout in Envoy shared data (bounded, 2-way buckets).
+//! - [`table`]: the ownership table's layout in Envoy shared data (bounded, 4-way buckets).
 //! - [`membership`]: which pods are in the fleet right now, each at a stable slot.
 //! - [`liveness`]: what a router believes about a pod (health, load, cache generation) and
 //!   the rules that change it.
@@ -27,6 +29,7 @@
 //!   settings; the models one filter serves), typed and validated once.
 
 pub mod block;
+pub mod cost;
 pub mod error;
 pub mod fast_bpe;
 pub mod liveness;

@@ -22,6 +22,7 @@
 //!   back. A connection refused or reset on the request path (Envoy answers 502/503 itself,
 //!   without the pod's header) marks it down at once.
 
+use crate::cost::{CostModel, CostPrior, PodCosts};
 use crate::policy::PodLoad;
 use crate::protocol::pod_metrics::MetricsReport;
 use crate::protocol::{EventsPage, LoadReport};
@@ -71,6 +72,8 @@ pub struct PodState {
     /// The pod could not be reached at all (connection refused or reset) since its last good
     /// answer: whatever answers next at this address may be a new process.
     pub unreachable: bool,
+    /// What a request costs on the pod, learned from its work counters.
+    pub cost: CostModel,
 }
 
 impl Default for PodState {
@@ -89,18 +92,22 @@ impl Default for PodState {
             last_ok_ns: 0,
             refused_ns: 0,
             unreachable: false,
+            cost: CostModel::default(),
         }
     }
 }
 
 impl PodState {
-    /// The routing view of the pod, with this router's in-flight count.
-    pub fn load(&self, inflight: u32) -> PodLoad {
+    /// The routing view of the pod, with this router's in-flight count; costs not learned
+    /// yet are `prior`'s.
+    pub fn load(&self, inflight: u32, prior: &CostPrior) -> PodLoad {
         PodLoad {
             healthy: self.healthy,
             inflight,
+            running: self.running,
             waiting: self.waiting,
             kv_cache_usage: self.kv_cache_usage,
+            costs: PodCosts::resolve(&self.cost.learned(prior), prior),
         }
     }
 
@@ -139,6 +146,7 @@ impl PodState {
         self.running = load.running;
         self.waiting = load.waiting;
         self.kv_cache_usage = load.kv_cache_usage;
+        self.cost.observe(&load.work, load.running);
     }
 }
 
@@ -320,6 +328,7 @@ mod tests {
                 running: 1,
                 waiting: 2,
                 kv_cache_usage: 0.5,
+                ..LoadReport::default()
             },
         }
     }
@@ -475,6 +484,7 @@ mod tests {
                 running,
                 waiting: 1,
                 kv_cache_usage: 0.2,
+                ..LoadReport::default()
             },
             start_time: start,
             monotonic: counter,
@@ -615,8 +625,8 @@ mod tests {
         assert!(!fx.new_generation, "the first answer keeps the records");
         assert_eq!((st.kind, st.signals()), (PodKind::Health, 3));
         assert_eq!(
-            st.load(4),
-            PodState::default().load(4),
+            st.load(4, &CostPrior::default()),
+            PodState::default().load(4, &CostPrior::default()),
             "load unknown: idle"
         );
         // timeouts (a busy pod) are no restart
@@ -665,8 +675,8 @@ mod tests {
         };
         assert_eq!(st.lag_ms(5_000_000), 4);
         assert_eq!(PodState::default().lag_ms(5_000_000), 0);
-        assert_eq!(st.load(2).inflight, 2);
-        assert_eq!(st.load(2).waiting, 3);
+        assert_eq!(st.load(2, &CostPrior::default()).inflight, 2);
+        assert_eq!(st.load(2, &CostPrior::default()).waiting, 3);
     }
 
     #[test]

@@ -9,7 +9,7 @@
 //! - Imbalance guard (after SGLang's cache-aware policy): when the busiest candidate's load
 //!   exceeds the idlest's by more than `imbalance_abs` *and* by a factor `imbalance_ratio`,
 //!   only pods within `imbalance_abs` of the idlest may take the request: an owner among them
-//!   if there is one (a block can have two owners), else the least-loaded pod (`Imbalanced`).
+//!   if there is one (a block can have several owners), else the least-loaded pod (`Imbalanced`).
 //! - Otherwise each pod scores `prefix × matched/total blocks − load`, where a pod's match is
 //!   the deepest block of the prompt's leading chain it owns (hashes are chained, so owning
 //!   block *i* means it computed blocks 0..=i). Ties go to the rendezvous order of the first
@@ -18,9 +18,14 @@
 //!   pods that are not overloaded, so independent router replicas agree without shared state.
 //! - A prompt shorter than one block goes to the least-loaded pod (rotating among equals).
 //!
-//! `round_robin`, `random` and `least_loaded` exist for side-by-side comparison.
+//! [`Policy::Cost`] predicts each pod's time to first token in seconds instead (see
+//! [`cost`]). `round_robin`, `random` and `least_loaded` exist for side-by-side comparison.
+
+mod cost;
 
 use crate::block::BlockHash;
+use crate::cost::{CostPrior, PodCosts};
+use crate::table::WAYS;
 use serde::Deserialize;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
@@ -44,6 +49,9 @@ pub enum Reason {
     ShortPrompt,
     /// Load overrode cache affinity (imbalance guard, or a busy owner scored lower).
     Imbalanced,
+    /// Policy `cost`: the prefix's owners are so busy that warming one more pod saves its
+    /// requests more queueing than the cold prefill costs.
+    Replicate,
     /// Not an inference request (e.g. `/v1/models`): least loaded.
     Passthrough,
     /// The router's own state is broken: fail open to plain balancing.
@@ -144,6 +152,8 @@ impl Fallbacks {
 pub enum Policy {
     #[default]
     Prefix,
+    /// Predicted time to first token from learned per-pod costs ([`cost`]).
+    Cost,
     RoundRobin,
     Random,
     LeastLoaded,
@@ -184,9 +194,14 @@ impl Default for Weights {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PodLoad {
     pub healthy: bool,
+    /// This router's requests in flight on the pod.
     pub inflight: u32,
+    /// Requests the pod said it was computing / queueing at its last poll.
+    pub running: u32,
     pub waiting: u32,
     pub kv_cache_usage: f64,
+    /// What a request costs there (learned, or the prior).
+    pub costs: PodCosts,
 }
 
 impl Default for PodLoad {
@@ -194,8 +209,10 @@ impl Default for PodLoad {
         PodLoad {
             healthy: true,
             inflight: 0,
+            running: 0,
             waiting: 0,
             kv_cache_usage: 0.0,
+            costs: PodCosts::resolve(&Default::default(), &CostPrior::default()),
         }
     }
 }
@@ -209,7 +226,7 @@ impl Weights {
 }
 
 /// Rendezvous (highest-random-weight) order key of `pod` for `key`.
-fn rendezvous_key(pod: &str, key: BlockHash) -> u64 {
+pub(crate) fn rendezvous_key(pod: &str, key: BlockHash) -> u64 {
     xxh3_64_with_seed(pod.as_bytes(), key.0)
 }
 
@@ -248,14 +265,21 @@ pub struct Inputs<'a, S: AsRef<str>> {
     /// Same length and order as `pods` (missing entries count as healthy and idle).
     pub loads: &'a [PodLoad],
     pub hashes: &'a [BlockHash],
+    /// The prompt's length in tokens, and the block size (what a pod holding `i` blocks still
+    /// computes: policy `cost`).
+    pub prompt_tokens: usize,
+    pub block_size: usize,
+    /// Requests sharing this prompt's first block now in flight, this one included (policy
+    /// `cost`: how many requests a replica of the prefix would serve).
+    pub demand: u32,
     /// A per-router counter for rotation (round-robin and tie-breaks).
     pub counter: u64,
     /// A random number for the `random` policy.
     pub random: u64,
 }
 
-/// The live owners (pod indices) of one block: the table keeps at most two.
-pub type Owners = [Option<usize>; 2];
+/// The live owners (pod indices) of one block: the table keeps at most [`WAYS`].
+pub type Owners = [Option<usize>; WAYS];
 
 /// Chooses a pod, and ranks the other healthy pods as its fallbacks: those holding more of
 /// the prompt first, then the less loaded (ties in pod order). `owners(h)` returns the live
@@ -336,7 +360,7 @@ fn choose<S: AsRef<str>>(
             )
         }
         Policy::LeastLoaded => return pick(least_loaded(&candidates), Reason::LeastLoaded),
-        Policy::Prefix => {}
+        Policy::Prefix | Policy::Cost => {}
     }
     if none_healthy {
         // Nothing is known to work: spread over every pod rather than follow affinity to an
@@ -372,6 +396,9 @@ fn choose<S: AsRef<str>>(
         if !owned {
             break;
         }
+    }
+    if input.policy == Policy::Cost {
+        return Some(cost::choose(input, &candidates, matched, first));
     }
     if imbalanced {
         // Affinity only among pods that are not overloaded: a second warm owner takes the
@@ -466,13 +493,16 @@ mod tests {
             pods: &PODS,
             loads,
             hashes,
+            prompt_tokens: hashes.len() * 4,
+            block_size: 4,
+            demand: 1,
             counter,
             random: 7,
         };
         decide(&input, |x| {
             let v = by_hash.get(&x.0);
             let at = |i: usize| v.and_then(|v| v.get(i)).copied();
-            [at(0), at(1)]
+            std::array::from_fn(at)
         })
         .unwrap()
     }
@@ -509,6 +539,9 @@ mod tests {
             pods: &PODS,
             loads: &idle(),
             hashes: &hashes,
+            prompt_tokens: 80,
+            block_size: 4,
+            demand: 1,
             counter: 0,
             random: 0,
         };
@@ -519,7 +552,7 @@ mod tests {
                 x.0
             );
             lookups.set(lookups.get() + 1);
-            [Some(0), None]
+            [Some(0), None, None, None]
         });
         assert_eq!(lookups.get(), 6);
     }
@@ -746,10 +779,13 @@ mod tests {
             pods: &empty,
             loads: &[],
             hashes: &[],
+            prompt_tokens: 0,
+            block_size: 4,
+            demand: 1,
             counter: 0,
             random: 0,
         };
-        assert!(decide(&input, |_| [None, None]).is_none());
+        assert!(decide(&input, |_| [None; WAYS]).is_none());
     }
 
     #[test]
@@ -800,6 +836,7 @@ mod tests {
                 "cold",
                 "short-prompt",
                 "imbalanced",
+                "replicate",
                 "passthrough",
                 "fallback",
                 "round-robin",

@@ -2,6 +2,7 @@
 //! a bad value is reported by its path (`pods[2]`, `weights.prefix`).
 
 use crate::block::BlockSize;
+use crate::cost::CostPrior;
 use crate::membership::MAX_MEMBERS;
 use crate::policy::{Policy, Weights};
 use crate::protocol::defaults;
@@ -75,15 +76,18 @@ pub struct RouterConfig {
     /// Add `x-prefix-router-*` response headers (pod, reason, matched blocks).
     #[serde(default)]
     pub debug_headers: bool,
-    /// Entries in the ownership table (two per shared-data key; memory stays bounded).
+    /// Entries in the ownership table (four per shared-data key; memory stays bounded).
     #[serde(default = "default_table_capacity")]
     pub table_capacity: u64,
-    /// `prefix` (default), `round_robin`, `random` or `least_loaded`.
+    /// `prefix` (default), `cost`, `round_robin`, `random` or `least_loaded`.
     #[serde(default)]
     pub policy: Policy,
     /// Weights of the prefix policy.
     #[serde(default)]
     pub weights: Weights,
+    /// Policy `cost`: what a pod is assumed to cost until it reports its own counters.
+    #[serde(default)]
+    pub cost: CostPrior,
     /// How often pods are polled for health, load and cache events (0 disables polling).
     #[serde(default = "default_poll_interval_ms")]
     pub poll_interval_ms: u64,
@@ -312,6 +316,19 @@ impl RouterConfig {
                 return Err(err(name, "must be a finite number ≥ 0"));
             }
         }
+        let c = &self.cost;
+        for (name, v) in [
+            ("cost.base_ms", c.base_ms),
+            ("cost.prefill_us_per_token", c.prefill_us_per_token),
+            ("cost.service_ms", c.service_ms),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(err(name, "must be a finite number ≥ 0"));
+            }
+        }
+        if c.slots == 0 {
+            return Err(err("cost.slots", "must be at least 1"));
+        }
         Ok(())
     }
 
@@ -396,6 +413,14 @@ mod tests {
             (
                 r#"{"pods":["127.0.0.1:1"],"weights":{"prefx":1}}"#,
                 "weights.prefx",
+            ),
+            (
+                r#"{"pods":["127.0.0.1:1"],"cost":{"service_ms":-3}}"#,
+                "cost.service_ms",
+            ),
+            (
+                r#"{"pods":["127.0.0.1:1"],"cost":{"slots":0}}"#,
+                "cost.slots",
             ),
             (r#"{"pods":["127.0.0.1:1"],"policy":"fastest"}"#, "policy"),
             (

@@ -42,6 +42,15 @@ fn sample() -> EventsPage {
             running: 1,
             waiting: 2,
             kv_cache_usage: 0.25,
+            work: prefix_core::cost::WorkCounters {
+                prefills: Some(3.0),
+                prefill_seconds: Some(0.25),
+                computed_tokens: Some(2048.0),
+                finished: Some(2.0),
+                slot_seconds: Some(0.5),
+                max_num_seqs: Some(4),
+                cache_tokens: Some(32768.0),
+            },
         },
     }
 }

@@ -37,6 +37,8 @@ pub struct RouterHttp<H: Host> {
     prefix_hash: Option<String>,
     /// this request holds an in-flight slot on the chosen pod
     counted: bool,
+    /// this request counts toward its prefix's demand (policy `cost`)
+    demand_key: Option<prefix_core::BlockHash>,
     done: bool,
 }
 
@@ -51,6 +53,7 @@ impl<H: Host> RouterHttp<H> {
             placed: None,
             prefix_hash: None,
             counted: false,
+            demand_key: None,
             done: false,
         }
     }
@@ -136,6 +139,7 @@ impl<H: Host> RouterHttp<H> {
                 model.metrics.route_time(took_us, routed.prepare_us);
                 self.prefix_hash = routed.prefix_hash.map(|h| h.to_hex());
                 self.counted = routed.counted;
+                self.demand_key = routed.demand_key;
                 self.set_destination(routed.placed);
                 Action::Continue
             }
@@ -261,6 +265,9 @@ impl<H: Host> RouterHttp<H> {
         };
         if std::mem::take(&mut self.counted) {
             router.release(&*self.host, placed);
+        }
+        if let Some(key) = self.demand_key.take() {
+            router.release_demand(key);
         }
         let chosen = placed.pod();
         let served = self.host.upstream_address();

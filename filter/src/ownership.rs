@@ -10,7 +10,9 @@
 //! a write that loses a race to another worker re-reads and retries once.
 
 use crate::host::{SetOutcome, Store};
-use prefix_core::table::{decode_bucket, encode_bucket, pick_way, Bucket, Entry, TableLayout};
+use prefix_core::table::{
+    decode_bucket, encode_bucket, pick_way, Bucket, Entry, TableLayout, EMPTY,
+};
 use prefix_core::BlockHash;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -49,7 +51,7 @@ impl<'a, H: Store> OwnershipTable<'a, H> {
     fn fetch(&self, b: u64) -> Read {
         let read = match self.host.shared_get(&self.layout.key(b)) {
             Some((v, cas)) => (decode_bucket(&v), cas),
-            None => ([None, None], None),
+            None => (EMPTY, None),
         };
         self.seen.borrow_mut().insert(b, read.clone());
         read
@@ -69,8 +71,9 @@ impl<'a, H: Store> OwnershipTable<'a, H> {
             .shared_set(&self.layout.key(b), &encode_bucket(bucket), cas)
     }
 
-    /// The entries for `h` (owning pods and their generations then): at most two.
-    pub fn owners(&self, h: BlockHash) -> [Option<Entry>; 2] {
+    /// The entries for `h` (owning pods and their generations then): at most
+    /// [`prefix_core::table::WAYS`].
+    pub fn owners(&self, h: BlockHash) -> Bucket {
         let (ways, _) = self.read(self.layout.bucket(h));
         ways.map(|e| e.filter(|e| e.hash == h))
     }
@@ -78,11 +81,7 @@ impl<'a, H: Store> OwnershipTable<'a, H> {
     /// The most recently recorded entry for `h`, if any.
     #[cfg(test)]
     pub fn owner(&self, h: BlockHash) -> Option<Entry> {
-        let [a, b] = self.owners(h);
-        match (a, b) {
-            (Some(a), Some(b)) => Some(if b.stamp > a.stamp { b } else { a }),
-            (a, b) => a.or(b),
-        }
+        self.owners(h).into_iter().flatten().max_by_key(|e| e.stamp)
     }
 
     /// Forgets blocks `pod` no longer holds (entries now owned by another pod are kept).
@@ -132,7 +131,7 @@ impl<'a, H: Store> OwnershipTable<'a, H> {
                     Some((ways, Some(cas))) => (ways, Some(cas)),
                     _ => self.fetch(b),
                 };
-                let i = pick_way(h, pod, [ways[0].as_ref(), ways[1].as_ref()]);
+                let i = pick_way(h, pod, &ways);
                 let old = ways[i].take();
                 if old
                     .as_ref()
@@ -188,7 +187,7 @@ mod tests {
             .iter()
             .all(|&h| owner(h) == Some(("127.0.0.1:1".into(), 0))));
         // re-recording the same owner writes nothing; a new generation replaces its entry;
-        // another pod becomes a second owner, and a third replaces the older of the two
+        // other pods become more owners, and a fifth replaces the oldest of the four
         assert_eq!(t.record(&hs, "127.0.0.1:1", 0).written, 0);
         assert_eq!(t.record(&hs[1..2], "127.0.0.1:1", 7).written, 1);
         assert_eq!(owner(hs[1]), Some(("127.0.0.1:1".into(), 7)));
@@ -200,13 +199,20 @@ mod tests {
             v
         };
         assert_eq!(pods(hs[0]), ["127.0.0.1:1", "127.0.0.1:2"]);
-        assert_eq!(t.record(&hs[..1], "127.0.0.1:3", 0).written, 1);
-        assert_eq!(pods(hs[0]), ["127.0.0.1:2", "127.0.0.1:3"]);
+        for p in ["127.0.0.1:3", "127.0.0.1:4"] {
+            assert_eq!(t.record(&hs[..1], p, 0).written, 1);
+        }
+        assert_eq!(pods(hs[0]).len(), 4);
+        assert_eq!(t.record(&hs[..1], "127.0.0.1:5", 0).written, 1);
+        assert_eq!(
+            pods(hs[0]),
+            ["127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4", "127.0.0.1:5"]
+        );
         // removal only forgets the named pod's entries
         assert_eq!(t.remove(&hs[..2], "127.0.0.1:1"), 1);
         assert_eq!(owner(hs[1]), None);
         assert_eq!(t.remove(&hs[..1], "127.0.0.1:3"), 1);
-        assert_eq!(pods(hs[0]), ["127.0.0.1:2"]);
+        assert_eq!(pods(hs[0]), ["127.0.0.1:2", "127.0.0.1:4", "127.0.0.1:5"]);
     }
 
     #[test]
@@ -239,7 +245,7 @@ mod tests {
         // a cold prompt on buckets that never existed: read again right before each write
         // (no compare-and-swap protects a new key), written once
         let cold = OwnershipTable::new(&host, &layout);
-        assert!(hs.iter().all(|&h| cold.owners(h) == [None, None]));
+        assert!(hs.iter().all(|&h| cold.owners(h) == EMPTY));
         assert_eq!(cold.record(&hs, "127.0.0.1:1", 0).written, 16);
         assert_eq!((host.gets.get(), host.sets.get()), (32, 16));
         // the same prompt again (a fresh decision): the lookup's reads serve the record,
@@ -281,14 +287,16 @@ mod tests {
             v
         };
         // the bucket did not exist at our lookup; another worker creates it before we record
-        assert_eq!(mine.owners(h), [None, None]);
+        assert_eq!(mine.owners(h), EMPTY);
         OwnershipTable::new(&host, &layout).record(&[h], "127.0.0.1:2", 0);
         let s = mine.record(&[h], "127.0.0.1:1", 0);
         assert_eq!((s.written, s.conflicts), (1, 0));
         assert_eq!(pods(h), ["127.0.0.1:1", "127.0.0.1:2"], "both owners kept");
         // the bucket existed at our lookup and changed before we record: CAS fails, retry
         let g = BlockHash(6);
-        OwnershipTable::new(&host, &layout).record(&[g], "127.0.0.1:3", 0);
+        for p in ["127.0.0.1:3", "127.0.0.1:4", "127.0.0.1:5"] {
+            OwnershipTable::new(&host, &layout).record(&[g], p, 0);
+        }
         let mine = OwnershipTable::new(&host, &layout);
         assert!(mine.owners(g)[0].is_some());
         OwnershipTable::new(&host, &layout).record(&[g], "127.0.0.1:2", 0);
@@ -296,8 +304,8 @@ mod tests {
         assert_eq!((s.written, s.conflicts), (1, 0));
         assert_eq!(
             pods(g),
-            ["127.0.0.1:1", "127.0.0.1:2"],
-            "the older owner (3) is replaced, the concurrent one (2) kept"
+            ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:4", "127.0.0.1:5"],
+            "the oldest owner (3) is replaced, the concurrent one (2) kept"
         );
     }
 

@@ -96,6 +96,11 @@ pub struct Inflight {
 }
 
 impl Inflight {
+    /// Requests in flight on the whole fleet.
+    pub fn total(&self) -> u32 {
+        self.counts.iter().fold(0u32, |a, &c| a.saturating_add(c))
+    }
+
     /// Reads the packed counts: at least `width` of them (zeros for a missing or short value),
     /// and every count the stored value holds beyond that, so a worker whose view of the
     /// members is older (narrower) never truncates the counts of newer members when it writes.

@@ -3,6 +3,7 @@
 //! The filter's contexts only move bytes and headers; everything that decides lives here and
 //! in `prefix-core`, and is unit-tested against a fake host.
 
+use crate::demand::Demand;
 use crate::host::Store;
 use crate::members::{read_slots, Members, Placement};
 use crate::ownership::{OwnershipTable, RecordStats};
@@ -12,7 +13,7 @@ use prefix_core::policy::{decide, probe_positions, Decision, Inputs, PodLoad, Po
 use prefix_core::request::InferenceRequest;
 use prefix_core::router_config::RouterConfig;
 use prefix_core::table::{Entry, TableLayout};
-use prefix_core::{ApiError, BlockHash, ModelBundle};
+use prefix_core::{ApiError, BlockHash, ModelBundle, PreparedPrompt};
 use std::cell::{Cell, OnceCell, RefCell};
 use std::rc::Rc;
 
@@ -42,6 +43,8 @@ pub struct Router {
     /// response writes them (and bump the version), so most requests read one key instead
     /// of one per pod.
     states: RefCell<Option<SeenStates>>,
+    /// This VM's requests in flight per prefix (policy `cost`).
+    demand: Demand,
     counter: Cell<u64>,
     rng: Cell<u64>,
 }
@@ -75,6 +78,9 @@ pub struct Routed {
     /// Time spent rendering, tokenizing and hashing the prompt (µs); the rest of the
     /// routing time is the shared-data work (pod states, table lookups and writes).
     pub prepare_us: u64,
+    /// The prefix (first block) this request is counted under in the per-prefix demand
+    /// (policy `cost`); release it with [`Router::release`].
+    pub demand_key: Option<BlockHash>,
 }
 
 impl Router {
@@ -82,7 +88,7 @@ impl Router {
         // The namespace names everything that changes what a table key means, so two differently
         // configured plugins in one Envoy never read each other's state as their own.
         let namespace = format!(
-            "prefix-router/v3/{}/{}",
+            "prefix-router/v4/{}/{}",
             config.model_name,
             config.block_size.get()
         );
@@ -101,6 +107,7 @@ impl Router {
             members_key: keys.members(fleet),
             configured: Slots::from_list(&config.pods),
             states: RefCell::new(None),
+            demand: Demand::default(),
             keys,
             config,
             bundle,
@@ -174,7 +181,10 @@ impl Router {
             .enumerate()
             .map(|(i, st)| PodLoad {
                 healthy: st.usable(now, retry),
-                ..st.load(members.slot(i).map_or(0, |s| inflight.of(s)))
+                ..st.load(
+                    members.slot(i).map_or(0, |s| inflight.of(s)),
+                    &self.config.cost,
+                )
             })
             .collect();
         Fleet {
@@ -196,7 +206,8 @@ impl Router {
         &self,
         table: &OwnershipTable<'_, S>,
         policy: Policy,
-        hashes: &[BlockHash],
+        prompt: Option<&PreparedPrompt>,
+        demand: u32,
         fleet: &Fleet,
     ) -> Option<Decision> {
         let input = Inputs {
@@ -204,7 +215,10 @@ impl Router {
             weights: &self.config.weights,
             pods: fleet.members.addrs(),
             loads: &fleet.loads,
-            hashes,
+            hashes: prompt.map_or(&[], |p| &p.hashes),
+            prompt_tokens: prompt.map_or(0, |p| p.tokens.len()),
+            block_size: self.config.block_size.get() as usize,
+            demand,
             counter: self.next_counter(),
             random: self.next_random(),
         };
@@ -221,7 +235,7 @@ impl Router {
     pub fn plain<S: Store>(&self, store: &S, reason: Reason) -> Option<Placement> {
         let fleet = self.fleet(store);
         let table = OwnershipTable::new(store, &self.layout);
-        let d = self.choose(&table, Policy::LeastLoaded, &[], &fleet)?;
+        let d = self.choose(&table, Policy::LeastLoaded, None, 1, &fleet)?;
         Some(Placement {
             decision: Decision { reason, ..d },
             members: fleet.members,
@@ -251,6 +265,7 @@ impl Router {
             prefix_hash: None,
             counted: false,
             prepare_us: 0,
+            demand_key: None,
         })
     }
 
@@ -282,8 +297,11 @@ impl Router {
         let fleet = self.fleet(store);
         // one table for lookup and record, so the buckets the lookup read are not read again
         let owners = OwnershipTable::new(store, &self.layout);
-        let Some(decision) = self.choose(&owners, self.config.policy, &prompt.hashes, &fleet)
-        else {
+        let policy = self.config.policy;
+        let first = prompt.hashes.first().copied();
+        let demand_key = first.filter(|_| policy == Policy::Cost);
+        let demand = demand_key.map_or(1, |k| self.demand.estimate(k, fleet.inflight.total()));
+        let Some(decision) = self.choose(&owners, policy, Some(&prompt), demand, &fleet) else {
             return Ok(fallback(self));
         };
         let generation = fleet.states.get(decision.pod).map_or(0, |s| s.generation);
@@ -303,13 +321,20 @@ impl Router {
             .slot()
             .and_then(|s| fleet.inflight.add(store, &self.inflight_key, s, 1))
             .is_some();
+        let demand_key = demand_key.filter(|&k| self.demand.enter(k));
         Ok(Some(Routed {
             placed,
             table,
             prefix_hash: prompt.hashes.last().copied(),
             counted,
             prepare_us,
+            demand_key,
         }))
+    }
+
+    /// The request's stream ended: it no longer counts toward its prefix's demand.
+    pub fn release_demand(&self, key: BlockHash) {
+        self.demand.leave(key);
     }
 
     /// The request's stream ended: release its in-flight count on the chosen pod's slot.

@@ -98,6 +98,10 @@ async fn cache_events(
         running: u32::try_from(s.metrics.running.get()).unwrap_or(0),
         waiting: u32::try_from(s.admission.waiting()).unwrap_or(u32::MAX),
         kv_cache_usage: s.cache.usage(),
+        work: s.metrics.work(
+            s.config.max_num_seqs,
+            s.cache.capacity() * s.cache.block_size(),
+        ),
     };
     Json(page).into_response()
 }

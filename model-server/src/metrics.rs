@@ -19,6 +19,11 @@ pub struct Metrics {
     pub generation_tokens: IntCounter,
     pub ttft: Histogram,
     pub e2e: Histogram,
+    /// vLLM's request phases: waiting for a slot; from the slot to the first token; from the
+    /// slot to the end (the time the request held it).
+    pub queue_time: Histogram,
+    pub prefill_time: Histogram,
+    pub inference_time: Histogram,
     pub blocks_stored: IntCounter,
     pub blocks_evicted: IntCounter,
     pub requests_rejected: IntCounter,
@@ -94,6 +99,18 @@ impl Metrics {
                 "vllm:e2e_request_latency_seconds",
                 "End-to-end request latency.",
             )?,
+            queue_time: histogram(
+                "vllm:request_queue_time_seconds",
+                "Time requests spent waiting for a running slot.",
+            )?,
+            prefill_time: histogram(
+                "vllm:request_prefill_time_seconds",
+                "Time from getting a running slot to the first token.",
+            )?,
+            inference_time: histogram(
+                "vllm:request_inference_time_seconds",
+                "Time requests held a running slot (prefill and decode).",
+            )?,
             blocks_stored: counter(
                 "prefix_router:cache_blocks_stored_total",
                 "Blocks inserted into the prefix cache.",
@@ -108,6 +125,26 @@ impl Metrics {
             )?,
             registry,
         })
+    }
+
+    /// The cumulative counters routers learn this pod's costs from (the events page's
+    /// `load.work`): the same numbers as the series above.
+    pub fn work(
+        &self,
+        max_num_seqs: usize,
+        cache_tokens: usize,
+    ) -> prefix_core::cost::WorkCounters {
+        let prompt = self.prompt_tokens.get() as f64;
+        let hits = self.prefix_cache_hits.get() as f64;
+        prefix_core::cost::WorkCounters {
+            prefills: Some(self.prefill_time.get_sample_count() as f64),
+            prefill_seconds: Some(self.prefill_time.get_sample_sum()),
+            computed_tokens: Some((prompt - hits).max(0.0)),
+            finished: Some(self.inference_time.get_sample_count() as f64),
+            slot_seconds: Some(self.inference_time.get_sample_sum()),
+            max_num_seqs: u32::try_from(max_num_seqs).ok(),
+            cache_tokens: Some(cache_tokens as f64),
+        }
     }
 
     /// The text exposition format.

@@ -62,6 +62,10 @@ pub async fn serve(
         .map_err(|_| ApiError::overloaded("the server's request queue is full; retry later"))?;
     metrics.running.inc();
     let running = RunningGuard(metrics.running.clone());
+    let admitted = Instant::now();
+    metrics
+        .queue_time
+        .observe(admitted.duration_since(started).as_secs_f64());
 
     let mut lease = s.cache.acquire(&prompt.hashes, n_prompt);
     let cached = lease.hit_blocks() * s.cache.block_size();
@@ -112,6 +116,10 @@ pub async fn serve(
                     stored = true;
                     store(std::mem::take(&mut blocks));
                     state.metrics.ttft.observe(started.elapsed().as_secs_f64());
+                    state
+                        .metrics
+                        .prefill_time
+                        .observe(admitted.elapsed().as_secs_f64());
                 }
                 completion += 1;
                 if out_tx.send(Chunk::Text(piece)).await.is_err() {
@@ -127,6 +135,10 @@ pub async fn serve(
         let (result, completion) = tokio::join!(engine_fut, relay);
         state.metrics.generation_tokens.inc_by(completion as u64);
         state.metrics.e2e.observe(started.elapsed().as_secs_f64());
+        state
+            .metrics
+            .inference_time
+            .observe(admitted.elapsed().as_secs_f64());
         let usage = Usage {
             prompt: n_prompt,
             completion,

@@ -9,6 +9,7 @@
 //! once.
 
 use crate::block::BlockHash;
+use crate::cost::WorkCounters;
 use serde::{Deserialize, Serialize};
 
 /// The path the page is served on (query: `since`).
@@ -56,6 +57,9 @@ pub struct LoadReport {
     pub waiting: u32,
     /// Prefix-cache blocks in use / capacity (0–1), as vLLM's `kv_cache_usage_perc`.
     pub kv_cache_usage: f64,
+    /// Cumulative work counters, from which routers learn what a request costs here
+    /// (absent from older pods' pages).
+    pub work: WorkCounters,
 }
 
 /// One answer to `GET /v1/cache/events?since=SEQ`.

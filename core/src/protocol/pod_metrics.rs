@@ -14,14 +14,23 @@
 //! suits a router that must keep working on whatever a pod serves.)
 
 use super::LoadReport;
+use crate::cost::WorkCounters;
 
 /// The series each kind of server reports a value under; the first present wins.
 struct Names {
     running: &'static [&'static str],
     waiting: &'static [&'static str],
     kv_usage: &'static [&'static str],
-    /// A counter that only grows while the process lives.
+    /// A counter that only grows while the process lives: prompt tokens.
     monotonic: &'static [&'static str],
+    /// Prompt tokens found in the prefix cache (counter).
+    cached_tokens: &'static [&'static str],
+    /// Requests prefilled and their prefill seconds (queue excluded).
+    prefills: &'static [&'static str],
+    prefill_seconds: &'static [&'static str],
+    /// Requests finished and the seconds they held a slot.
+    finished: &'static [&'static str],
+    slot_seconds: &'static [&'static str],
 }
 
 const NAMES: Names = Names {
@@ -45,6 +54,22 @@ const NAMES: Names = Names {
         "vllm:prompt_tokens_total",
         "sglang:prompt_tokens_total",
         "llamacpp:prompt_tokens_total",
+    ],
+    cached_tokens: &["vllm:prefix_cache_hits_total", "sglang:cached_tokens_total"],
+    prefills: &["vllm:request_prefill_time_seconds_count"],
+    // llama.cpp counts only the prompt tokens it evaluated, and their seconds
+    prefill_seconds: &[
+        "vllm:request_prefill_time_seconds_sum",
+        "llamacpp:prompt_seconds_total",
+    ],
+    // SGLang has no slot-time histogram: its end-to-end latency (queue included) stands in
+    finished: &[
+        "vllm:request_inference_time_seconds_count",
+        "sglang:e2e_request_latency_seconds_count",
+    ],
+    slot_seconds: &[
+        "vllm:request_inference_time_seconds_sum",
+        "sglang:e2e_request_latency_seconds_sum",
     ],
 };
 
@@ -110,6 +135,11 @@ pub fn read_metrics(text: &str) -> Option<MetricsReport> {
         NAMES.waiting,
         NAMES.kv_usage,
         NAMES.monotonic,
+        NAMES.cached_tokens,
+        NAMES.prefills,
+        NAMES.prefill_seconds,
+        NAMES.finished,
+        NAMES.slot_seconds,
     ]
     .concat()
     .into_iter()
@@ -142,14 +172,26 @@ pub fn read_metrics(text: &str) -> Option<MetricsReport> {
         return None;
     }
     let count = |v: Option<f64>| v.map_or(0, |v| v.clamp(0.0, f64::from(u32::MAX)) as u32);
+    let prompt = first(NAMES.monotonic, sum);
+    let work = WorkCounters {
+        prefills: first(NAMES.prefills, sum),
+        prefill_seconds: first(NAMES.prefill_seconds, sum),
+        computed_tokens: prompt
+            .map(|p| (p - first(NAMES.cached_tokens, sum).unwrap_or(0.0)).max(0.0)),
+        finished: first(NAMES.finished, sum),
+        slot_seconds: first(NAMES.slot_seconds, sum),
+        max_num_seqs: None,
+        cache_tokens: None,
+    };
     Some(MetricsReport {
         load: LoadReport {
             running: count(running),
             waiting: count(waiting),
             kv_cache_usage: kv.unwrap_or(0.0).clamp(0.0, 1.0),
+            work,
         },
         start_time: first(&[START_TIME], max),
-        monotonic: first(NAMES.monotonic, sum),
+        monotonic: prompt,
     })
 }
 
@@ -165,8 +207,33 @@ vllm:num_requests_waiting{engine="0",model_name="meta-llama/Llama-3.2-1B"} 2.0
 vllm:kv_cache_usage_perc{engine="0",model_name="meta-llama/Llama-3.2-1B"} 0.42
 vllm:prompt_tokens_total{engine="0",model_name="meta-llama/Llama-3.2-1B"} 12345.0
 vllm:time_to_first_token_seconds_bucket{le="+Inf",model_name="m"} 7.0
+vllm:prefix_cache_hits_total{engine="0",model_name="meta-llama/Llama-3.2-1B"} 2345.0
+vllm:request_prefill_time_seconds_sum{engine="0",model_name="meta-llama/Llama-3.2-1B"} 1.5
+vllm:request_prefill_time_seconds_count{engine="0",model_name="meta-llama/Llama-3.2-1B"} 7.0
+vllm:request_inference_time_seconds_sum{engine="0",model_name="meta-llama/Llama-3.2-1B"} 3.5
+vllm:request_inference_time_seconds_count{engine="0",model_name="meta-llama/Llama-3.2-1B"} 6.0
 process_start_time_seconds 1.7e+09
 "#;
+
+    #[test]
+    fn reads_the_work_counters_costs_are_learned_from() {
+        let w = read_metrics(VLLM).map(|r| r.load.work).unwrap_or_default();
+        assert_eq!(w.prefills, Some(7.0));
+        assert_eq!(w.prefill_seconds, Some(1.5));
+        assert_eq!(
+            w.computed_tokens,
+            Some(10000.0),
+            "prompt tokens minus cache hits"
+        );
+        assert_eq!((w.finished, w.slot_seconds), (Some(6.0), Some(3.5)));
+        let llama = "llamacpp:requests_processing 1\nllamacpp:prompt_tokens_total 640\nllamacpp:prompt_seconds_total 2.5\n";
+        let w = read_metrics(llama).map(|r| r.load.work).unwrap_or_default();
+        assert_eq!(
+            (w.computed_tokens, w.prefill_seconds),
+            (Some(640.0), Some(2.5))
+        );
+        assert_eq!((w.prefills, w.finished), (None, None));
+    }
 
     #[test]
     fn reads_each_kind_of_server() {
