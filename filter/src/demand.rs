@@ -7,7 +7,7 @@
 //! with requests spread evenly over workers the estimate is the fleet's count.
 
 use prefix_core::BlockHash;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
 /// Prefixes counted at most per VM; a request of a prefix beyond them counts as demand 1.
@@ -16,6 +16,8 @@ pub const MAX_PREFIXES: usize = 4096;
 #[derive(Default)]
 pub struct Demand {
     counts: RefCell<HashMap<BlockHash, u32>>,
+    /// The sum of `counts` (kept, not summed per request).
+    total: Cell<u32>,
 }
 
 impl Demand {
@@ -24,15 +26,11 @@ impl Demand {
         self.counts.borrow().get(&key).copied().unwrap_or(0)
     }
 
-    fn local_total(&self) -> u32 {
-        self.counts.borrow().values().sum()
-    }
-
     /// The fleet's requests of `key` in flight, this one included, given the fleet's in-flight
     /// total.
     pub fn estimate(&self, key: BlockHash, fleet_total: u32) -> u32 {
         let local = self.local(key);
-        let local_total = self.local_total();
+        let local_total = self.total.get();
         if local == 0 || local_total == 0 {
             return 1;
         }
@@ -47,6 +45,7 @@ impl Demand {
             return false;
         }
         *c.entry(key).or_insert(0) += 1;
+        self.total.set(self.total.get().saturating_add(1));
         true
     }
 
@@ -55,6 +54,7 @@ impl Demand {
         let mut c = self.counts.borrow_mut();
         if let Some(n) = c.get_mut(&key) {
             *n = n.saturating_sub(1);
+            self.total.set(self.total.get().saturating_sub(1));
             if *n == 0 {
                 c.remove(&key);
             }
@@ -93,6 +93,11 @@ mod tests {
         assert_eq!(d.estimate(a, 8), 1);
         d.leave(b);
         assert!(d.counts.borrow().is_empty());
+        assert_eq!(
+            d.total.get(),
+            0,
+            "a key never entered leaves nothing behind"
+        );
     }
 
     #[test]

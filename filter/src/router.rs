@@ -79,7 +79,7 @@ pub struct Routed {
     /// routing time is the shared-data work (pod states, table lookups and writes).
     pub prepare_us: u64,
     /// The prefix (first block) this request is counted under in the per-prefix demand
-    /// (policy `cost`); release it with [`Router::release`].
+    /// (policy `cost`); release it with [`Router::release_demand`].
     pub demand_key: Option<BlockHash>,
 }
 
