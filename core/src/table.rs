@@ -32,7 +32,10 @@ pub const MAX_POD_ADDR: usize = 255;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Entry {
     pub hash: BlockHash,
-    /// When the entry was written (router clock, nanoseconds); older entries are replaced first.
+    /// From when the pod holds the block (router clock, nanoseconds): when the entry was
+    /// written, or — when the router sent the pod a prompt it still had to compute — when that
+    /// prefill is predicted to end (brought forward when the pod's answer starts sooner).
+    /// Lookups skip entries not yet ready; older entries are replaced first.
     pub stamp: u64,
     /// The pod's cache generation when written.
     pub generation: u64,

@@ -110,11 +110,23 @@ impl<'a, H: Store> OwnershipTable<'a, H> {
         removed
     }
 
-    /// Records `pod` (at cache `generation`) as an owner of every block in `hashes`.
-    pub fn record(&self, hashes: &[BlockHash], pod: &str, generation: u64) -> RecordStats {
+    /// Records `pod` (at cache `generation`) as an owner of every block in `hashes`, from
+    /// now on, or from `ready_at` (router clock, ns) if given: the time its prefill of those
+    /// blocks is predicted to end. Until then lookups do not count the pod as an owner, so
+    /// requests sent meanwhile do not pile onto a pod that is still computing the prefix
+    /// (they would compute it again there: nothing is cached yet). An entry already there
+    /// becomes ready at the earlier of the two times (the pod's own `BlockStored` makes a
+    /// pending entry ready at once).
+    pub fn record(
+        &self,
+        hashes: &[BlockHash],
+        pod: &str,
+        generation: u64,
+        ready_at: Option<u64>,
+    ) -> RecordStats {
         let mut stats = RecordStats::default();
         // one clock read per prompt: its blocks age together
-        let stamp = self.host.now_nanos();
+        let stamp = ready_at.unwrap_or_else(|| self.host.now_nanos());
         for &h in hashes {
             let b = self.layout.bucket(h);
             // the first attempt may use this decision's earlier read; a lost race re-reads
@@ -133,12 +145,11 @@ impl<'a, H: Store> OwnershipTable<'a, H> {
                 };
                 let i = pick_way(h, pod, &ways);
                 let old = ways[i].take();
-                if old
-                    .as_ref()
-                    .is_some_and(|e| e.hash == h && e.pod == pod && e.generation == generation)
-                {
+                if old.as_ref().is_some_and(|e| {
+                    e.hash == h && e.pod == pod && e.generation == generation && e.stamp <= stamp
+                }) {
                     outcome = SetOutcome::Written;
-                    break; // already recorded
+                    break; // already recorded, and ready no later
                 }
                 ways[i] = Some(Entry {
                     hash: h,
@@ -181,17 +192,17 @@ mod tests {
         let hs: Vec<BlockHash> = (1..=5).map(|i| BlockHash(i * 1_000_003)).collect();
         let owner = |h| t.owner(h).map(|e| (e.pod, e.generation));
         assert_eq!(owner(hs[0]), None);
-        let s = t.record(&hs, "127.0.0.1:1", 0);
+        let s = t.record(&hs, "127.0.0.1:1", 0, None);
         assert_eq!((s.written, s.filled), (5, 5));
         assert!(hs
             .iter()
             .all(|&h| owner(h) == Some(("127.0.0.1:1".into(), 0))));
         // re-recording the same owner writes nothing; a new generation replaces its entry;
         // other pods become more owners, and a fifth replaces the oldest of the four
-        assert_eq!(t.record(&hs, "127.0.0.1:1", 0).written, 0);
-        assert_eq!(t.record(&hs[1..2], "127.0.0.1:1", 7).written, 1);
+        assert_eq!(t.record(&hs, "127.0.0.1:1", 0, None).written, 0);
+        assert_eq!(t.record(&hs[1..2], "127.0.0.1:1", 7, None).written, 1);
         assert_eq!(owner(hs[1]), Some(("127.0.0.1:1".into(), 7)));
-        assert_eq!(t.record(&hs[..1], "127.0.0.1:2", 0).written, 1);
+        assert_eq!(t.record(&hs[..1], "127.0.0.1:2", 0, None).written, 1);
         assert_eq!(owner(hs[0]), Some(("127.0.0.1:2".into(), 0)), "newest");
         let pods = |h| {
             let mut v: Vec<String> = t.owners(h).into_iter().flatten().map(|e| e.pod).collect();
@@ -200,10 +211,10 @@ mod tests {
         };
         assert_eq!(pods(hs[0]), ["127.0.0.1:1", "127.0.0.1:2"]);
         for p in ["127.0.0.1:3", "127.0.0.1:4"] {
-            assert_eq!(t.record(&hs[..1], p, 0).written, 1);
+            assert_eq!(t.record(&hs[..1], p, 0, None).written, 1);
         }
         assert_eq!(pods(hs[0]).len(), 4);
-        assert_eq!(t.record(&hs[..1], "127.0.0.1:5", 0).written, 1);
+        assert_eq!(t.record(&hs[..1], "127.0.0.1:5", 0, None).written, 1);
         assert_eq!(
             pods(hs[0]),
             ["127.0.0.1:2", "127.0.0.1:3", "127.0.0.1:4", "127.0.0.1:5"]
@@ -223,7 +234,7 @@ mod tests {
         let key = |i: u64| BlockHash(i.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let mut replaced = 0;
         for i in 0..1000u64 {
-            replaced += t.record(&[key(i)], "127.0.0.1:1", 0).replaced;
+            replaced += t.record(&[key(i)], "127.0.0.1:1", 0, None).replaced;
         }
         assert!(
             host.data.borrow().len() as u64 <= layout.buckets(),
@@ -246,24 +257,24 @@ mod tests {
         // (no compare-and-swap protects a new key), written once
         let cold = OwnershipTable::new(&host, &layout);
         assert!(hs.iter().all(|&h| cold.owners(h) == EMPTY));
-        assert_eq!(cold.record(&hs, "127.0.0.1:1", 0).written, 16);
+        assert_eq!(cold.record(&hs, "127.0.0.1:1", 0, None).written, 16);
         assert_eq!((host.gets.get(), host.sets.get()), (32, 16));
         // the same prompt again (a fresh decision): the lookup's reads serve the record,
         // which has nothing to write
         let warm = OwnershipTable::new(&host, &layout);
         assert!(hs.iter().all(|&h| warm.owners(h)[0].is_some()));
-        assert_eq!(warm.record(&hs, "127.0.0.1:1", 0).written, 0);
+        assert_eq!(warm.record(&hs, "127.0.0.1:1", 0, None).written, 0);
         assert_eq!((host.gets.get(), host.sets.get()), (48, 16));
         // a second pod joins as an owner: existing buckets, so one read and one write each
         let other = OwnershipTable::new(&host, &layout);
         assert!(hs.iter().all(|&h| other.owners(h)[1].is_none()));
-        assert_eq!(other.record(&hs, "127.0.0.1:2", 0).written, 16);
+        assert_eq!(other.record(&hs, "127.0.0.1:2", 0, None).written, 16);
         assert_eq!((host.gets.get(), host.sets.get()), (64, 32));
         // recording without a lookup (the poller applying events): one read per block
         let fresh: Vec<BlockHash> = (17..=24).map(|i| BlockHash(i * 0x9E37_79B9)).collect();
         assert_eq!(
             OwnershipTable::new(&host, &layout)
-                .record(&fresh, "127.0.0.1:1", 0)
+                .record(&fresh, "127.0.0.1:1", 0, None)
                 .written,
             8
         );
@@ -288,19 +299,19 @@ mod tests {
         };
         // the bucket did not exist at our lookup; another worker creates it before we record
         assert_eq!(mine.owners(h), EMPTY);
-        OwnershipTable::new(&host, &layout).record(&[h], "127.0.0.1:2", 0);
-        let s = mine.record(&[h], "127.0.0.1:1", 0);
+        OwnershipTable::new(&host, &layout).record(&[h], "127.0.0.1:2", 0, None);
+        let s = mine.record(&[h], "127.0.0.1:1", 0, None);
         assert_eq!((s.written, s.conflicts), (1, 0));
         assert_eq!(pods(h), ["127.0.0.1:1", "127.0.0.1:2"], "both owners kept");
         // the bucket existed at our lookup and changed before we record: CAS fails, retry
         let g = BlockHash(6);
         for p in ["127.0.0.1:3", "127.0.0.1:4", "127.0.0.1:5"] {
-            OwnershipTable::new(&host, &layout).record(&[g], p, 0);
+            OwnershipTable::new(&host, &layout).record(&[g], p, 0, None);
         }
         let mine = OwnershipTable::new(&host, &layout);
         assert!(mine.owners(g)[0].is_some());
-        OwnershipTable::new(&host, &layout).record(&[g], "127.0.0.1:2", 0);
-        let s = mine.record(&[g], "127.0.0.1:1", 0);
+        OwnershipTable::new(&host, &layout).record(&[g], "127.0.0.1:2", 0, None);
+        let s = mine.record(&[g], "127.0.0.1:1", 0, None);
         assert_eq!((s.written, s.conflicts), (1, 0));
         assert_eq!(
             pods(g),
@@ -330,9 +341,38 @@ mod tests {
         let layout = TableLayout::new("t", 64);
         let t = OwnershipTable::new(&host, &layout);
         // creates the key (no CAS on new keys)
-        t.record(&[BlockHash(7)], "127.0.0.1:1", 0);
+        t.record(&[BlockHash(7)], "127.0.0.1:1", 0, None);
         // a new generation rewrites that existing key, racing the other worker
-        let s = t.record(&[BlockHash(7)], "127.0.0.1:1", 1);
+        let s = t.record(&[BlockHash(7)], "127.0.0.1:1", 1, None);
         assert_eq!(s.conflicts, 1);
+    }
+
+    #[test]
+    fn a_pending_entry_becomes_ready_at_the_earlier_time() {
+        let host = FakeHost::default();
+        let layout = TableLayout::new("t", 64);
+        let t = OwnershipTable::new(&host, &layout);
+        let h = BlockHash(42);
+        let stamp = |t: &OwnershipTable<'_, FakeHost>| t.owner(h).map(|e| e.stamp);
+        let now = host.now_nanos();
+        assert_eq!(t.record(&[h], "127.0.0.1:1", 0, Some(now + 500)).written, 1);
+        assert_eq!(
+            stamp(&t),
+            Some(now + 500),
+            "pending: ready when the prefill ends"
+        );
+        assert_eq!(
+            t.record(&[h], "127.0.0.1:1", 0, Some(now + 900)).written,
+            0,
+            "a later prediction does not postpone it"
+        );
+        let fresh = OwnershipTable::new(&host, &layout);
+        assert_eq!(
+            fresh.record(&[h], "127.0.0.1:1", 0, None).written,
+            1,
+            "the pod's own event makes it ready now"
+        );
+        assert!(stamp(&fresh).is_some_and(|s| s <= host.now_nanos()));
+        assert_eq!(fresh.record(&[h], "127.0.0.1:1", 0, None).written, 0);
     }
 }

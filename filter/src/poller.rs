@@ -87,7 +87,7 @@ pub fn apply_page<S: Store>(
     out.again_since = page.more.then_some(st.seq);
     let table = OwnershipTable::new(store, layout);
     let record = |out: &mut Applied, hashes: &[_]| {
-        let r = table.record(hashes, pod, st.generation);
+        let r = table.record(hashes, pod, st.generation, None);
         out.stored += r.written;
         out.filled += r.filled;
     };

@@ -691,9 +691,10 @@ mod tests {
         let host = Rc::new(FakeHost::default());
         *host.config.borrow_mut() = format!(
             r#"{{"poll_interval_ms":100,"block_size":4,"debug_headers":true,"unknown_model":"{unknown}","models":[
-                {{"model_name":"a","pods":["127.0.0.1:8001","127.0.0.1:8002"],"route_cluster":"pods_a"}},
+                {{"model_name":"a","pods":["127.0.0.1:8001","127.0.0.1:8002"],"route_cluster":"pods_a",{instant}}},
                 {{"model_name":"b","pods":["127.0.0.1:9001"],"route_cluster":"pods_b","block_size":8,
-                  "adapters":["b-sql"]}}]}}"#
+                  "adapters":["b-sql"]}}]}}"#,
+            instant = crate::testing::INSTANT_PREFILL
         )
         .into_bytes();
         let mut root = RouterRoot::new(host, 7);

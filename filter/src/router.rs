@@ -81,6 +81,18 @@ pub struct Routed {
     /// The prefix (first block) this request is counted under in the per-prefix demand
     /// (policy `cost`); release it with [`Router::release_demand`].
     pub demand_key: Option<BlockHash>,
+    /// Blocks recorded as the chosen pod's from a predicted time: [`Router::settle`] them when
+    /// its answer starts, if that comes sooner.
+    pub pending: Option<Pending>,
+}
+
+/// Blocks recorded for a pod that is still to compute them ([`OwnershipTable::record`]).
+#[derive(Debug, Clone)]
+pub struct Pending {
+    pub hashes: Vec<BlockHash>,
+    pub generation: u64,
+    /// When its prefill was predicted to end (router clock, ns).
+    pub ready_at: u64,
 }
 
 impl Router {
@@ -195,11 +207,12 @@ impl Router {
         }
     }
 
-    /// The pod an entry names, if it is configured here and the entry is of the pod's current
-    /// cache generation (older entries are dead).
-    fn live_owner(&self, fleet: &Fleet, e: &Entry) -> Option<usize> {
+    /// The pod an entry names, if it is configured here, the entry is of the pod's current
+    /// cache generation (older entries are dead) and ready at `now` (a pod still computing the
+    /// blocks does not hold them yet: `OwnershipTable::record`).
+    fn live_owner(&self, fleet: &Fleet, e: &Entry, now: u64) -> Option<usize> {
         let i = fleet.members.index_of(&e.pod)?;
-        (fleet.states.get(i)?.generation == e.generation).then_some(i)
+        (fleet.states.get(i)?.generation == e.generation && e.stamp <= now).then_some(i)
     }
 
     fn choose<S: Store>(
@@ -208,6 +221,7 @@ impl Router {
         policy: Policy,
         prompt: Option<&PreparedPrompt>,
         demand: u32,
+        now: u64,
         fleet: &Fleet,
     ) -> Option<Decision> {
         let input = Inputs {
@@ -225,7 +239,7 @@ impl Router {
         decide(&input, |h| {
             table
                 .owners(h)
-                .map(|e| e.and_then(|e| self.live_owner(fleet, &e)))
+                .map(|e| e.and_then(|e| self.live_owner(fleet, &e, now)))
         })
     }
 
@@ -235,7 +249,7 @@ impl Router {
     pub fn plain<S: Store>(&self, store: &S, reason: Reason) -> Option<Placement> {
         let fleet = self.fleet(store);
         let table = OwnershipTable::new(store, &self.layout);
-        let d = self.choose(&table, Policy::LeastLoaded, None, 1, &fleet)?;
+        let d = self.choose(&table, Policy::LeastLoaded, None, 1, 0, &fleet)?;
         Some(Placement {
             decision: Decision { reason, ..d },
             members: fleet.members,
@@ -266,6 +280,7 @@ impl Router {
             counted: false,
             prepare_us: 0,
             demand_key: None,
+            pending: None,
         })
     }
 
@@ -293,7 +308,8 @@ impl Router {
             Err(e) if e.is_unrenderable() => return Ok(fallback(self)),
             Err(e) => return Err(e),
         };
-        let prepare_us = store.now_nanos().saturating_sub(started) / 1_000;
+        let now = store.now_nanos();
+        let prepare_us = now.saturating_sub(started) / 1_000;
         let fleet = self.fleet(store);
         // one table for lookup and record, so the buckets the lookup read are not read again
         let owners = OwnershipTable::new(store, &self.layout);
@@ -301,7 +317,8 @@ impl Router {
         let first = prompt.hashes.first().copied();
         let demand_key = first.filter(|_| policy == Policy::Cost);
         let demand = demand_key.map_or(1, |k| self.demand.estimate(k, fleet.inflight.total()));
-        let Some(decision) = self.choose(&owners, policy, Some(&prompt), demand, &fleet) else {
+        let Some(decision) = self.choose(&owners, policy, Some(&prompt), demand, now, &fleet)
+        else {
             return Ok(fallback(self));
         };
         let generation = fleet.states.get(decision.pod).map_or(0, |s| s.generation);
@@ -315,7 +332,21 @@ impl Router {
             .into_iter()
             .filter_map(|i| prompt.hashes.get(i).copied())
             .collect();
-        let table = owners.record(&probed, placed.pod(), generation);
+        // the blocks count as the pod's once its predicted prefill of what it lacks is over
+        let computed = prompt.tokens.len().saturating_sub(
+            decision.reason.matched_blocks() * self.config.block_size.get() as usize,
+        );
+        let prefill_s = fleet
+            .loads
+            .get(decision.pod)
+            .map_or(0.0, |l| l.costs.prefill_s(computed));
+        let ready_at = now.saturating_add((prefill_s.clamp(0.0, 60.0) * 1e9) as u64);
+        let table = owners.record(&probed, placed.pod(), generation, Some(ready_at));
+        let pending = (ready_at > now).then_some(Pending {
+            hashes: probed,
+            generation,
+            ready_at,
+        });
         // the in-flight read above is usually still current: one write, no second read
         let counted = placed
             .slot()
@@ -329,7 +360,22 @@ impl Router {
             counted,
             prepare_us,
             demand_key,
+            pending,
         }))
+    }
+
+    /// The chosen pod has started answering (its first response bytes): whatever it computed
+    /// for the prompt is in its cache now. Marks the [`Pending`] entries ready, unless their
+    /// predicted time has already come (then there is nothing to do, and nothing is read).
+    pub fn settle<S: Store>(&self, store: &S, placed: &Placement, pending: &Pending) {
+        if store.now_nanos() < pending.ready_at {
+            OwnershipTable::new(store, &self.layout).record(
+                &pending.hashes,
+                placed.pod(),
+                pending.generation,
+                None,
+            );
+        }
     }
 
     /// The request's stream ended: it no longer counts toward its prefix's demand.
@@ -419,6 +465,29 @@ mod tests {
         assert_eq!(again.inflight.add(&host, &r.inflight_key, 1, 1), Some(1));
         assert_eq!((host.gets.get(), host.sets.get()), (2, 1));
         assert_eq!(r.fleet(&host).loads[1].inflight, 1);
+    }
+
+    #[test]
+    fn a_pod_still_prefilling_a_prompt_is_not_yet_its_owner() {
+        // 1 ms per token: a 10-token prompt is predicted to prefill for 10 ms
+        let host = FakeHost::default();
+        let config = crate::testing::config(r#""cost":{"base_ms":0,"prefill_us_per_token":1000}"#);
+        let r = Router::new(config, Some(tiny_bundle(4)), 0);
+        let first = route(&r, &host, &body("abcdefghij")).unwrap();
+        assert_eq!(first.placed.decision.reason, Reason::Cold);
+        let burst = route(&r, &host, &body("abcdefghij")).unwrap();
+        assert_eq!(
+            (burst.placed.decision.pod, burst.placed.decision.reason),
+            (first.placed.decision.pod, Reason::Cold),
+            "nothing is cached there yet; the rendezvous choice is the same pod"
+        );
+        host.clock.set(host.clock.get() + 20_000_000);
+        let later = route(&r, &host, &body("abcdefghij")).unwrap();
+        assert_eq!(
+            (later.placed.decision.pod, later.placed.decision.reason),
+            (first.placed.decision.pod, Reason::PrefixHit { blocks: 2 }),
+            "after the predicted prefill it holds the prefix"
+        );
     }
 
     #[test]

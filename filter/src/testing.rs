@@ -25,12 +25,22 @@ pub fn tiny_bundle(block: u32) -> ModelBundle {
 /// The pods of [`config`], in order.
 pub const PODS: [&str; 3] = ["127.0.0.1:8001", "127.0.0.1:8002", "127.0.0.1:8003"];
 
-/// Three pods, 4-token blocks, model `m`, plus `extra` config fields (a JSON object's inner
-/// text, e.g. `"debug_headers":true`).
+/// Pods assumed to prefill instantly (the cost prior), so a routed prompt's blocks count as
+/// its pod's from the next request on; tests of pending ownership set their own `cost`.
+pub const INSTANT_PREFILL: &str = r#""cost":{"base_ms":0,"prefill_us_per_token":0}"#;
+
+/// Three pods, 4-token blocks, model `m`, pods that prefill instantly ([`INSTANT_PREFILL`]),
+/// plus `extra` config fields (a JSON object's inner text, e.g. `"debug_headers":true`).
 pub fn config(extra: &str) -> RouterConfig {
-    let sep = if extra.is_empty() { "" } else { "," };
+    let fields = if extra.contains(r#""cost""#) {
+        extra.to_owned()
+    } else if extra.is_empty() {
+        INSTANT_PREFILL.to_owned()
+    } else {
+        format!("{INSTANT_PREFILL},{extra}")
+    };
     let json = format!(
-        r#"{{"pods":["127.0.0.1:8001","127.0.0.1:8002","127.0.0.1:8003"],"block_size":4,"model_name":"m","table_capacity":4096{sep}{extra}}}"#
+        r#"{{"pods":["127.0.0.1:8001","127.0.0.1:8002","127.0.0.1:8003"],"block_size":4,"model_name":"m","table_capacity":4096,{fields}}}"#
     );
     RouterConfig::parse(json.as_bytes()).unwrap()
 }

@@ -360,13 +360,16 @@ fn burst_of_identical_prompts_is_spread() {
         "the imbalance guard should spread a burst: {per_pod:?}"
     );
     assert!(per_pod.get(&owner).copied().unwrap_or(0) < 50);
-    // A pod that takes a spilled request computes the prefix and becomes an owner too
-    // (a block keeps up to two), so which pod is "the" owner may change during the burst;
-    // what affinity must keep is that most of the burst lands where the prefix already is.
+    // A pod that takes a spilled request computes the prefix and becomes an owner too, but
+    // only once its answer starts (until then it holds nothing): decisions made while the
+    // burst is routed see the seeded owner (`prefix-hit`) or spill (`imbalanced`), never a
+    // cold prompt. What affinity must keep is that most of the burst lands where the prefix
+    // is by the time the request is computed.
     let hits = reasons.get("prefix-hit").copied().unwrap_or(0);
+    let spilled = reasons.get("imbalanced").copied().unwrap_or(0);
     assert!(
-        hits >= results.len() / 2,
-        "most of the burst should be routed by prefix: {reasons:?}"
+        hits > 0 && hits + spilled == results.len(),
+        "the seeded owner is known, spills are imbalanced: {reasons:?}"
     );
     assert!(
         reused >= results.len() / 2,

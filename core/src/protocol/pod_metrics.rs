@@ -86,8 +86,13 @@ pub struct MetricsReport {
     pub monotonic: Option<f64>,
 }
 
-/// The name and value of one sample line `name{labels} value [timestamp]`.
-fn sample(line: &str) -> Option<(&str, f64)> {
+/// vLLM's cache configuration, as labels of a constant gauge: the prefix cache's size is
+/// `num_gpu_blocks × block_size` tokens.
+const CACHE_CONFIG: &str = "vllm:cache_config_info";
+
+/// The name, label set (without braces) and value of one sample line
+/// `name{labels} value [timestamp]`.
+fn sample(line: &str) -> Option<(&str, &str, f64)> {
     let line = line.trim_start();
     if line.starts_with('#') || line.is_empty() {
         return None;
@@ -96,6 +101,7 @@ fn sample(line: &str) -> Option<(&str, f64)> {
         .find(|c: char| c == '{' || c.is_ascii_whitespace())
         .unwrap_or(line.len());
     let (name, mut rest) = line.split_at(name_end);
+    let mut labels = "";
     if rest.starts_with('{') {
         // skip the label set: `}` inside a quoted value does not end it
         let mut in_quotes = false;
@@ -113,7 +119,9 @@ fn sample(line: &str) -> Option<(&str, f64)> {
                 _ => {}
             }
         }
-        rest = &rest[end? + 1..];
+        let end = end?;
+        labels = &rest[1..end];
+        rest = &rest[end + 1..];
     }
     let value = rest.split_ascii_whitespace().next()?;
     let value = match value {
@@ -121,7 +129,47 @@ fn sample(line: &str) -> Option<(&str, f64)> {
         "-Inf" => f64::NEG_INFINITY,
         v => v.parse().ok()?,
     };
-    Some((name, value))
+    Some((name, labels, value))
+}
+
+/// The value of label `key` in a label set `a="1",b="x"` (values with escapes are not
+/// unescaped: only plain ones are wanted here).
+fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
+    let mut rest = labels;
+    loop {
+        let (k, tail) = rest.split_once('=')?;
+        let tail = tail.strip_prefix('"')?;
+        // the value ends at the first quote not preceded by a backslash
+        let mut end = None;
+        let mut escaped = false;
+        for (i, c) in tail.char_indices() {
+            match c {
+                _ if escaped => escaped = false,
+                '\\' => escaped = true,
+                '"' => {
+                    end = Some(i);
+                    break;
+                }
+                _ => {}
+            }
+        }
+        let end = end?;
+        if k.trim() == key {
+            return Some(&tail[..end]);
+        }
+        rest = tail[end + 1..].trim_start_matches(',');
+    }
+}
+
+/// Prefix-cache capacity in tokens from vLLM's cache-configuration labels.
+fn cache_tokens(labels: &str) -> Option<f64> {
+    let n = |k| {
+        label(labels, k)?
+            .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite() && *v > 0.0)
+    };
+    Some(n("num_gpu_blocks")? * n("block_size")?)
 }
 
 /// Reads the load, start time and a monotonic counter from a Prometheus text exposition.
@@ -146,10 +194,15 @@ pub fn read_metrics(text: &str) -> Option<MetricsReport> {
     .chain([START_TIME])
     .collect();
     let mut found: Vec<Option<(f64, f64)>> = vec![None; wanted.len()];
+    let mut cache = None;
     for line in text.lines() {
-        let Some((name, value)) = sample(line) else {
+        let Some((name, labels, value)) = sample(line) else {
             continue;
         };
+        if name == CACHE_CONFIG {
+            cache = cache.or(cache_tokens(labels));
+            continue;
+        }
         if let Some(i) = wanted.iter().position(|w| *w == name) {
             if let Some(slot) = found.get_mut(i) {
                 let (sum, max) = slot.unwrap_or((0.0, f64::MIN));
@@ -181,7 +234,7 @@ pub fn read_metrics(text: &str) -> Option<MetricsReport> {
         finished: first(NAMES.finished, sum),
         slot_seconds: first(NAMES.slot_seconds, sum),
         max_num_seqs: None,
-        cache_tokens: None,
+        cache_tokens: cache,
     };
     Some(MetricsReport {
         load: LoadReport {
@@ -233,6 +286,23 @@ process_start_time_seconds 1.7e+09
             (Some(640.0), Some(2.5))
         );
         assert_eq!((w.prefills, w.finished), (None, None));
+        assert_eq!(w.cache_tokens, None, "llama.cpp does not say");
+    }
+
+    #[test]
+    fn reads_the_prefix_cache_size_from_vllms_cache_config_labels() {
+        let text = "vllm:num_requests_running 0\n# HELP vllm:cache_config_info Information of the LLMCacheConfig.\nvllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",note=\"a \\\"quoted\\\", b=1\",num_gpu_blocks=\"27153\",enable_prefix_caching=\"True\"} 1.0\n";
+        let w = read_metrics(text).map(|r| r.load.work).unwrap_or_default();
+        assert_eq!(w.cache_tokens, Some(16.0 * 27153.0));
+        for bad in [
+            "vllm:cache_config_info{block_size=\"16\"} 1",
+            "vllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"None\"} 1",
+            "vllm:cache_config_info{block_size=\"0\",num_gpu_blocks=\"9\"} 1",
+        ] {
+            let text = format!("vllm:num_requests_running 0\n{bad}\n");
+            let w = read_metrics(&text).map(|r| r.load.work).unwrap_or_default();
+            assert_eq!(w.cache_tokens, None, "{bad}");
+        }
     }
 
     #[test]
