@@ -2,7 +2,8 @@
 //! inference request until its body is complete, finds its model's [`Router`], asks it for a
 //! decision and writes it to the destination header (and, with several models, the model's
 //! cluster to the route-cluster header); on the response it notes a pod that refused the connection,
-//! adds the debug headers, and at the end releases the request's in-flight slot.
+//! adds the debug headers, marks the prompt's blocks as the pod's once its answer starts
+//! ([`Router::settle`]), and at the end releases the request's in-flight slot.
 
 use crate::host::{EnvoyHost, Headers, Host, Level};
 use crate::members::Placement;

@@ -18,7 +18,7 @@
 //! - [`tokenizer`]: the model's tokenizer and chat template, embedded at build time;
 //!   [`model_fetch`]: or fetched at run time through an Envoy cluster (`tokenizer` config).
 //! - [`http`]: the HTTP context (one per stream): scrub, buffer, route, debug headers,
-//!   release.
+//!   settle the pending blocks when the answer starts, release.
 //! - [`models`]: the models one filter serves (a router each), and which one a request is
 //!   for.
 //! - [`router`]: body → prompt → block hashes → fleet view → decision → table record.
