@@ -102,26 +102,18 @@ fn sample(line: &str) -> Option<(&str, &str, f64)> {
         .unwrap_or(line.len());
     let (name, mut rest) = line.split_at(name_end);
     let mut labels = "";
-    if rest.starts_with('{') {
-        // skip the label set: `}` inside a quoted value does not end it
-        let mut in_quotes = false;
-        let mut escaped = false;
-        let mut end = None;
-        for (i, c) in rest.char_indices().skip(1) {
-            match (c, in_quotes, escaped) {
-                (_, _, true) => escaped = false,
-                ('\\', true, false) => escaped = true,
-                ('"', _, false) => in_quotes = !in_quotes,
-                ('}', false, false) => {
-                    end = Some(i);
-                    break;
-                }
-                _ => {}
+    if let Some(set) = rest.strip_prefix('{') {
+        // the label set ends at the first `}` outside a quoted value
+        let mut at = 0;
+        let end = loop {
+            let i = at + set.get(at..)?.find(['"', '}'])?;
+            if set[i..].starts_with('}') {
+                break i;
             }
-        }
-        let end = end?;
-        labels = &rest[1..end];
-        rest = &rest[end + 1..];
+            at = i + 1 + closing_quote(&set[i + 1..])? + 1;
+        };
+        labels = &set[..end];
+        rest = &set[end + 1..];
     }
     let value = rest.split_ascii_whitespace().next()?;
     let value = match value {
@@ -132,6 +124,21 @@ fn sample(line: &str) -> Option<(&str, &str, f64)> {
     Some((name, labels, value))
 }
 
+/// Where the quoted value `s` is inside of (just after its opening quote) ends: the index of
+/// the first quote not escaped by a backslash.
+fn closing_quote(s: &str) -> Option<usize> {
+    let mut escaped = false;
+    for (i, c) in s.char_indices() {
+        match c {
+            _ if escaped => escaped = false,
+            '\\' => escaped = true,
+            '"' => return Some(i),
+            _ => {}
+        }
+    }
+    None
+}
+
 /// The value of label `key` in a label set `a="1",b="x"` (values with escapes are not
 /// unescaped: only plain ones are wanted here).
 fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
@@ -139,21 +146,7 @@ fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
     loop {
         let (k, tail) = rest.split_once('=')?;
         let tail = tail.strip_prefix('"')?;
-        // the value ends at the first quote not preceded by a backslash
-        let mut end = None;
-        let mut escaped = false;
-        for (i, c) in tail.char_indices() {
-            match c {
-                _ if escaped => escaped = false,
-                '\\' => escaped = true,
-                '"' => {
-                    end = Some(i);
-                    break;
-                }
-                _ => {}
-            }
-        }
-        let end = end?;
+        let end = closing_quote(tail)?;
         if k.trim() == key {
             return Some(&tail[..end]);
         }
