@@ -13,6 +13,8 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh >/dev/null  # includes the peers (scripts/install-peers.sh)
 cargo build -q --release -p model-server -p prefix-router-bench --bins
 scripts/build-filter.sh >/dev/null
+# the floor row of the filter overhead: a wasm filter that only reads the body
+cargo build -q --profile wasm -p prefix-router-floor-filter --target wasm32-wasip1
 out="bench-results/$(date +%Y%m%d-%H%M%S)"
 export MODEL_SERVER_BIN="$PWD/target/release/model-server"
 exec target/release/bench "$@" --out "$out"

@@ -1,8 +1,12 @@
-//! What the filter costs: the same Envoy with and without it in front of zero-cost sim pods.
+//! What the filter costs: the same Envoy with and without it in front of zero-cost sim pods,
+//! beside the same load sent straight to the pod, through Envoy with the floor filter (a
+//! wasm filter that only reads the body: what any body-reading router in Envoy pays), and
+//! through sglang-router's `cache_aware` policy (the peer users compare the filter with).
 
+use super::peers::{self, Peer};
 use super::wrk::{self, LoadResult};
 use serde::Serialize;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use test_harness::cluster::{run_dir, start_envoy_unvalidated, start_pods};
 use test_harness::fleet::ZERO_COST;
 
@@ -51,6 +55,47 @@ pub struct OverheadRow {
     pub filter_route_us: Option<(f64, f64)>,
     /// …of which parse + render + tokenize + hash.
     pub filter_tokenize_us: Option<(f64, f64)>,
+    /// The same load sent straight to the pod, through Envoy with the floor filter, and
+    /// through sglang-router `cache_aware` (each `None` when it could not run here).
+    pub direct: Option<FrontLoad>,
+    pub floor: Option<FrontLoad>,
+    pub sglang_cache_aware: Option<FrontLoad>,
+}
+
+/// One other front's figures for one case: saturated and unloaded, as for the two Envoys.
+#[derive(Debug, Serialize)]
+pub struct FrontLoad {
+    pub saturated: LoadResult,
+    pub unloaded: LoadResult,
+}
+
+impl OverheadRow {
+    /// Envoy + filter's req/s over `front`'s, saturated (goal against sglang-router: ≥ 1).
+    pub fn filter_rps_over(&self, front: Option<&FrontLoad>) -> Option<f64> {
+        front.map(|f| self.with_filter.requests_per_sec / f.saturated.requests_per_sec.max(1e-9))
+    }
+
+    /// `front`'s req/s over Envoy alone's, saturated.
+    pub fn rps_over_plain(&self, front: Option<&FrontLoad>) -> Option<f64> {
+        front.map(|f| f.saturated.requests_per_sec / self.without_filter.requests_per_sec.max(1e-9))
+    }
+
+    /// What `front` adds to one unloaded request's p50 over sending it straight to the pod.
+    pub fn added_over_direct_ms(&self, front: &LoadResult) -> Option<f64> {
+        self.direct
+            .as_ref()
+            .map(|d| front.p50_ms - d.unloaded.p50_ms)
+    }
+}
+
+/// The floor filter's module, when `scripts/bench.sh` built it
+/// (`$PREFIX_ROUTER_FLOOR_WASM` overrides).
+pub fn floor_wasm_path() -> PathBuf {
+    std::env::var_os("PREFIX_ROUTER_FLOOR_WASM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            test_harness::paths::wasm_path().with_file_name("prefix_router_floor_filter.wasm")
+        })
 }
 
 #[derive(Debug, Serialize)]
@@ -115,16 +160,46 @@ pub fn run(
         |s| s.debug_headers = false,
         &dir,
     )?;
+    let floor_wasm = floor_wasm_path();
+    let floor = if floor_wasm.is_file() {
+        Some(start_envoy_unvalidated(
+            "envoy-floor",
+            &addrs,
+            true,
+            |s| {
+                s.wasm = Some(floor_wasm);
+                s.poll_interval_ms = 0;
+            },
+            &dir,
+        )?)
+    } else {
+        println!(
+            "   (no floor row: {} not built; scripts/bench.sh builds it)",
+            floor_wasm.display()
+        );
+        None
+    };
+    let sglang = if Peer::Sglang.installed() {
+        Some(peers::start(Peer::Sglang, "cache_aware", &addrs, &dir)?)
+    } else {
+        println!("   (no sglang-router row: not installed; scripts/install-peers.sh)");
+        None
+    };
     let mut rows = Vec::new();
+    // sglang-router requires the model's name; the others take it as well
+    let model = format!(
+        "\"model\":\"{}\",",
+        prefix_core::protocol::defaults::MODEL_NAME
+    );
     for (tokens, text, prompts) in cases {
         let (prelude, body) = match prompts {
             Prompts::Same => (
                 String::new(),
-                format!("'{{\"prompt\":\"{text}\",\"max_tokens\":1}}'"),
+                format!("'{{{model}\"prompt\":\"{text}\",\"max_tokens\":1}}'"),
             ),
             Prompts::Counter => (
                 String::new(),
-                format!("'{{\"prompt\":\"' .. n .. ' {text}\",\"max_tokens\":1}}'"),
+                format!("'{{{model}\"prompt\":\"' .. n .. ' {text}\",\"max_tokens\":1}}'"),
             ),
             Prompts::Shuffled => (
                 format!(
@@ -132,7 +207,7 @@ pub fn run(
                      math.randomseed(os.time())\n\
                      local function shuffled()\n  local t = {{}}\n  for i = 1, #words do t[i] = words[math.random(#words)] end\n  return table.concat(t, \" \")\nend"
                 ),
-                "'{\"prompt\":\"' .. shuffled() .. '\",\"max_tokens\":1}'".to_owned(),
+                format!("'{{{model}\"prompt\":\"' .. shuffled() .. '\",\"max_tokens\":1}}'"),
             ),
         };
         let run = |url: &str, c: u32, s: u32| wrk::run_script(url, &prelude, &body, c, s, &dir);
@@ -152,6 +227,26 @@ pub fn run(
         let quiet = (seconds / 2).max(2);
         let unloaded_without_filter = run(&url_plain, 1, quiet)?;
         let unloaded_with_filter = run(&url_filter, 1, quiet)?;
+        // the other fronts, each warmed and measured the same way
+        let other = |url: String| -> anyhow::Result<FrontLoad> {
+            run(&url, 2, 1)?;
+            Ok(FrontLoad {
+                saturated: run(&url, connections, seconds)?,
+                unloaded: run(&url, 1, quiet)?,
+            })
+        };
+        let direct = match addrs.first() {
+            Some(a) if addrs.len() == 1 => Some(other(format!("http://{a}/v1/completions"))?),
+            _ => None,
+        };
+        let floor = floor
+            .as_ref()
+            .map(|e| other(e.url("/v1/completions")))
+            .transpose()?;
+        let sglang_cache_aware = sglang
+            .as_ref()
+            .map(|r| other(r.url("/v1/completions")))
+            .transpose()?;
         rows.push(OverheadRow {
             prompt_tokens: *tokens,
             prompts: *prompts,
@@ -165,6 +260,9 @@ pub fn run(
             filter_tokenize_us: interval_p50_p99(&stats, "prefix_router_tokenize_us"),
             without_filter,
             with_filter,
+            direct,
+            floor,
+            sglang_cache_aware,
         });
     }
     let log = std::fs::read_to_string(&filtered.proc.log).unwrap_or_default();

@@ -130,7 +130,11 @@ pub fn start(
     cmd.args(["--host", "127.0.0.1", "--port", &port.to_string()])
         .arg("--worker-urls")
         .args(pods.iter().map(|p| format!("http://{p}")))
-        .args(["--policy", policy]);
+        .args(["--policy", policy])
+        // their metrics listener defaults to a fixed port (sglang-router: on every address):
+        // a free loopback one instead, so a leftover router cannot make the start fail
+        .args(["--prometheus-host", "127.0.0.1", "--prometheus-port"])
+        .arg(free_port()?.to_string());
     match peer {
         Peer::Vllm => cmd.args(["--log-level", "warning"]),
         Peer::Sglang => cmd.args(["--log-level", "warn"]),
