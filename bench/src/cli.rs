@@ -351,6 +351,22 @@ pub fn main() -> anyhow::Result<()> {
                     .map_or_else(|| "n/a".into(), |x| format!("{x:.2}×"))
             );
         }
+        println!("   the proxy process's CPU per request under the saturated load (µs, every thread; the filter's own = with − without):");
+        println!("   tokens       Envoy alone  + floor wasm  + filter  filter's own  sglang-router cache_aware");
+        for r in &rows {
+            let us = |v: Option<f64>| v.map_or_else(|| "n/a".into(), |v| format!("{v:.0}"));
+            println!(
+                "   {:<11}  {:>11}  {:>12}  {:>8}  {:>12}  {:>25}",
+                label(r),
+                us(r.cpu_us_without_filter),
+                us(r.floor.as_ref().and_then(|f| f.cpu_us)),
+                us(r.cpu_us_with_filter),
+                us(r.cpu_us_with_filter
+                    .zip(r.cpu_us_without_filter)
+                    .map(|(a, b)| a - b)),
+                us(r.sglang_cache_aware.as_ref().and_then(|f| f.cpu_us)),
+            );
+        }
         if let Some(r) = rows
             .iter()
             .find(|r| r.prompt_tokens == 2048 && r.prompts == Prompts::Shuffled)

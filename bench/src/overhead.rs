@@ -60,6 +60,10 @@ pub struct OverheadRow {
     pub direct: Option<FrontLoad>,
     pub floor: Option<FrontLoad>,
     pub sglang_cache_aware: Option<FrontLoad>,
+    /// CPU time the proxy process (every thread) used per request under the saturated load:
+    /// the cost each front adds, whatever the other processes on the cores did (µs).
+    pub cpu_us_without_filter: Option<f64>,
+    pub cpu_us_with_filter: Option<f64>,
 }
 
 /// One other front's figures for one case: saturated and unloaded, as for the two Envoys.
@@ -67,6 +71,33 @@ pub struct OverheadRow {
 pub struct FrontLoad {
     pub saturated: LoadResult,
     pub unloaded: LoadResult,
+    /// as [`OverheadRow::cpu_us_with_filter`] (`None` for the pod itself)
+    pub cpu_us: Option<f64>,
+}
+
+/// CPU seconds process `pid` (all its threads) has used so far: utime + stime of
+/// `/proc/<pid>/stat`, in clock ticks of USER_HZ (100 on Linux, whatever the kernel's HZ).
+pub fn cpu_seconds(pid: Option<u32>) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid?)).ok()?;
+    // the command name (field 2) is in parentheses and may hold spaces: count from after it
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    // fields[0] is field 3 (state); utime and stime are fields 14 and 15
+    let ticks = |i: usize| fields.get(i)?.parse::<f64>().ok();
+    Some((ticks(11)? + ticks(12)?) / 100.0)
+}
+
+/// Runs `load` and returns its result with the CPU µs `pid` used per request meanwhile.
+fn with_cpu(
+    pid: Option<u32>,
+    load: impl FnOnce() -> anyhow::Result<LoadResult>,
+) -> anyhow::Result<(LoadResult, Option<f64>)> {
+    let before = cpu_seconds(pid);
+    let r = load()?;
+    let used = cpu_seconds(pid).zip(before).map(|(a, b)| a - b);
+    let per_request = used
+        .filter(|_| r.requests > 0)
+        .map(|s| s * 1e6 / r.requests as f64);
+    Ok((r, per_request))
 }
 
 impl OverheadRow {
@@ -216,8 +247,11 @@ pub fn run(
         // warm both paths
         run(&url_plain, 2, 1)?;
         run(&url_filter, 2, 1)?;
-        let without_filter = run(&url_plain, connections, seconds)?;
-        let with_filter = run(&url_filter, connections, seconds)?;
+        let (without_filter, cpu_us_without_filter) =
+            with_cpu(plain.proc.pid(), || run(&url_plain, connections, seconds))?;
+        let (with_filter, cpu_us_with_filter) = with_cpu(filtered.proc.pid(), || {
+            run(&url_filter, connections, seconds)
+        })?;
         // right after the saturated run, so Envoy's last stats interval is that load's
         let stats = test_harness::cluster::client()
             .get(filtered.admin_url("/stats?filter=prefix_router_(route|tokenize)_us$"))
@@ -228,24 +262,26 @@ pub fn run(
         let unloaded_without_filter = run(&url_plain, 1, quiet)?;
         let unloaded_with_filter = run(&url_filter, 1, quiet)?;
         // the other fronts, each warmed and measured the same way
-        let other = |url: String| -> anyhow::Result<FrontLoad> {
+        let other = |url: String, pid: Option<u32>| -> anyhow::Result<FrontLoad> {
             run(&url, 2, 1)?;
+            let (saturated, cpu_us) = with_cpu(pid, || run(&url, connections, seconds))?;
             Ok(FrontLoad {
-                saturated: run(&url, connections, seconds)?,
+                saturated,
                 unloaded: run(&url, 1, quiet)?,
+                cpu_us: pid.and(cpu_us),
             })
         };
         let direct = match addrs.first() {
-            Some(a) if addrs.len() == 1 => Some(other(format!("http://{a}/v1/completions"))?),
+            Some(a) if addrs.len() == 1 => Some(other(format!("http://{a}/v1/completions"), None)?),
             _ => None,
         };
         let floor = floor
             .as_ref()
-            .map(|e| other(e.url("/v1/completions")))
+            .map(|e| other(e.url("/v1/completions"), e.proc.pid()))
             .transpose()?;
         let sglang_cache_aware = sglang
             .as_ref()
-            .map(|r| other(r.url("/v1/completions")))
+            .map(|r| other(r.url("/v1/completions"), r.proc.pid()))
             .transpose()?;
         rows.push(OverheadRow {
             prompt_tokens: *tokens,
@@ -263,6 +299,8 @@ pub fn run(
             direct,
             floor,
             sglang_cache_aware,
+            cpu_us_without_filter,
+            cpu_us_with_filter,
         });
     }
     let log = std::fs::read_to_string(&filtered.proc.log).unwrap_or_default();
@@ -303,6 +341,21 @@ fn interval_p50_p99(stats: &str, name: &str) -> Option<(f64, f64)> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn reads_this_process_cpu_time() {
+        let me = Some(std::process::id());
+        let before = super::cpu_seconds(me).unwrap();
+        let mut x = 0u64;
+        let start = std::time::Instant::now();
+        while start.elapsed() < std::time::Duration::from_millis(50) {
+            x = x.wrapping_add(std::hint::black_box(1));
+        }
+        assert!(x > 0);
+        let after = super::cpu_seconds(me).unwrap();
+        assert!(after >= before, "{after} < {before}");
+        assert_eq!(super::cpu_seconds(Some(u32::MAX)), None, "no such process");
+    }
+
     #[test]
     fn reads_interval_quantiles() {
         let text =
