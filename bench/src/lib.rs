@@ -10,7 +10,8 @@
 //! - [`oracle`]: the best hit rate a trace allows (one unbounded cache).
 //! - [`policies`]: a fresh fleet per policy; [`replay`] sends the trace (open or closed loop).
 //! - [`report`] and [`plots`]: tables, CSV/JSON, TTFT CDF charts.
-//! - [`overhead`] (with [`wrk`]): the same Envoy with and without the filter.
+//! - [`overhead`] (with [`wrk`]): the same Envoy with and without the filter, beside the floor
+//!   filter (`bench/floor-filter`), sglang-router and a direct call; CPU per request.
 //! - [`micro`]: prefix cache, tokenizer, server; [`engine`]: the real engine's TTFT.
 //! - [`faults`]: pod kill, restart, join, unique prompts and a soak, under load.
 //! - [`cli`]: the `bench` command line that runs them and prints the summary.
