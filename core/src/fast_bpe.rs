@@ -795,18 +795,8 @@ mod tests {
     /// `n` words drawn from a small list by a generator seeded with `seed`.
     fn words(seed: u64, n: usize) -> String {
         const WORDS: [&str; 12] = [
-            "check",
-            "the",
-            "service",
-            "logs",
-            "before",
-            "restarting",
-            "any",
-            "node",
-            "compare",
-            "latency",
-            "escalate",
-            "replication",
+            "drain", "queue", "rotate", "keys", "page", "oncall", "disk", "full", "retry", "shard",
+            "quorum", "lost",
         ];
         let mut x = seed | 1;
         (0..n)
