@@ -54,13 +54,6 @@ const CHUNK_MAX_BYTES: usize = 1024;
 /// passage makes the first chunk new, and its cut may shift the second.
 const PROBED_CHUNKS: usize = 3;
 
-/// Per-encoder memo. Three levels, all exact: text between two added tokens is encoded
-/// independently of everything around it, so a repeated segment (a runbook prompt sent again,
-/// a chat's system prompt or earlier turns, each delimited by the template's special tokens)
-/// reuses its ids whole; a long segment seen for the first time is cut into chunks at places
-/// no word crosses ([`chunk_end`]), and a chunk seen before (a shared document, a system
-/// prompt followed by other text, an earlier turn) reuses its ids; and every split word
-/// reuses its BPE result.
 /// A split word's ids: most words of a prompt are one token, kept inline (no second memory
 /// access per word on the hot path).
 enum WordIds {
@@ -71,6 +64,13 @@ enum WordIds {
 /// Split words and their BPE results.
 type WordCache = FastMap<Box<str>, WordIds>;
 
+/// Per-encoder memo. Three levels, all exact: text between two added tokens is encoded
+/// independently of everything around it, so a repeated segment (a runbook prompt sent again,
+/// a chat's system prompt or earlier turns, each delimited by the template's special tokens)
+/// reuses its ids whole; a long segment seen for the first time is cut into chunks at places
+/// no word crosses ([`chunk_end`]), and a chunk seen before (a shared document, a system
+/// prompt followed by other text, an earlier turn) reuses its ids; and every split word
+/// reuses its BPE result.
 #[derive(Default)]
 struct Memo {
     words: WordCache,
