@@ -315,26 +315,17 @@ pub fn main() -> anyhow::Result<()> {
         println!("   the same loads through other fronts (req/s saturated, ratio to Envoy alone; p50 added to one unloaded request over sending it straight to the pod):");
         println!("   tokens       direct          Envoy alone       Envoy + floor wasm     Envoy + filter       sglang-router cache_aware   filter / sglang");
         for r in &rows {
-            let front = |f: Option<&overhead::FrontLoad>| {
-                f.map_or_else(
-                    || format!("{:<20}", "n/a"),
-                    |f| {
-                        format!(
-                            "{:>6.0} {:>4.2}× {:+.2}ms",
-                            f.saturated.requests_per_sec,
-                            r.rps_over_plain(Some(f)).unwrap_or(0.0),
-                            r.added_over_direct_ms(&f.unloaded).unwrap_or(f64::NAN)
-                        )
-                    },
-                )
-            };
-            let envoy = |sat: &crate::wrk::LoadResult, unl: &crate::wrk::LoadResult| {
+            // req/s, its ratio to Envoy alone's, and the p50 added unloaded over a direct call
+            let cell = |sat: &crate::wrk::LoadResult, unloaded: &crate::wrk::LoadResult| {
                 format!(
                     "{:>6.0} {:>4.2}× {:+.2}ms",
                     sat.requests_per_sec,
                     sat.requests_per_sec / r.without_filter.requests_per_sec.max(1e-9),
-                    r.added_over_direct_ms(unl).unwrap_or(f64::NAN)
+                    r.added_over_direct_ms(unloaded).unwrap_or(f64::NAN)
                 )
+            };
+            let front = |f: Option<&overhead::FrontLoad>| {
+                f.map_or_else(|| "n/a".into(), |f| cell(&f.saturated, &f.unloaded))
             };
             println!(
                 "   {:<11}  {:<14}  {:<16}  {:<21}  {:<19}  {:<26}  {}",
@@ -343,9 +334,9 @@ pub fn main() -> anyhow::Result<()> {
                     || "n/a".into(),
                     |d| format!("{:>6.0}", d.saturated.requests_per_sec)
                 ),
-                envoy(&r.without_filter, &r.unloaded_without_filter),
+                cell(&r.without_filter, &r.unloaded_without_filter),
                 front(r.floor.as_ref()),
-                envoy(&r.with_filter, &r.unloaded_with_filter),
+                cell(&r.with_filter, &r.unloaded_with_filter),
                 front(r.sglang_cache_aware.as_ref()),
                 r.filter_rps_over(r.sglang_cache_aware.as_ref())
                     .map_or_else(|| "n/a".into(), |x| format!("{x:.2}×"))
