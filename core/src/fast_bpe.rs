@@ -490,40 +490,68 @@ impl FastBpe {
     /// Token ids of `text` (no special tokens added).
     pub fn encode(&self, text: &str) -> Vec<u32> {
         let mut out = Vec::with_capacity(text.len() / 3);
+        self.encode_from(text, 0, usize::MAX, &mut out);
+        out
+    }
+
+    /// Appends the ids of `text[start..]` to `out`, stopping early at the first safe cut (an
+    /// added token's end, or a chunk's: [`chunk_end`]) where `out` holds at least `want` ids.
+    /// Returns where it stopped: `text.len()` once all of it is encoded. `start` is 0 or
+    /// where an earlier call on the same text stopped; the ids so produced, call after call,
+    /// are exactly [`FastBpe::encode`]'s (tested), so a router can tokenize a prompt only as
+    /// far as it needs to.
+    pub fn encode_from(&self, text: &str, start: usize, want: usize, out: &mut Vec<u32>) -> usize {
         let mut memo = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         if memo.words.len() > CACHE_LIMIT {
             memo.words.clear();
         }
-        let mut start = 0;
+        let Some(rest) = text.get(start..) else {
+            return text.len();
+        };
+        let mut pos = start;
         if let Some(added) = &self.added {
-            // leftmost added token, the longest where several start there (as `tokenizers`)
-            for m in added.matcher.find_iter(text) {
-                self.encode_memo(&text[start..m.start()], &mut memo, &mut out);
+            // leftmost added token, the longest where several start there (as `tokenizers`);
+            // `start` is never inside one, so scanning from there finds the same ones
+            for m in added.matcher.find_iter(rest) {
+                let (from, to) = (start + m.start(), start + m.end());
+                let seg = text.get(pos..from).unwrap_or_default();
+                let done = pos + self.encode_memo(seg, &mut memo, out, want);
+                if done < from {
+                    return done;
+                }
                 if let Some(&id) = added.ids.get(m.pattern().as_usize()) {
                     out.push(id);
                 }
-                start = m.end();
+                pos = to;
+                if out.len() >= want {
+                    return pos;
+                }
             }
         }
-        self.encode_memo(&text[start..], &mut memo, &mut out);
-        out
+        let seg = text.get(pos..).unwrap_or_default();
+        pos + self.encode_memo(seg, &mut memo, out, want)
     }
 
     /// One segment between added tokens, whole from the segment cache when it is long and
-    /// was seen before.
-    fn encode_memo(&self, seg: &str, memo: &mut Memo, out: &mut Vec<u32>) {
+    /// was seen before. Returns how many of its bytes were encoded: all, or up to a chunk cut
+    /// once `out` holds `want` ids.
+    fn encode_memo(&self, seg: &str, memo: &mut Memo, out: &mut Vec<u32>, want: usize) -> usize {
         if seg.len() < SEGMENT_MIN_BYTES {
-            return self.encode_segment(seg, &mut memo.words, out);
+            self.encode_segment(seg, &mut memo.words, out);
+            return seg.len();
         }
         let key = Recall::key(seg);
         if let Some(ids) = memo.segments.get(key, seg) {
             out.extend_from_slice(ids);
-            return;
+            return seg.len();
         }
         let from = out.len();
-        self.encode_chunks(seg, memo, out);
-        let ids = out.get(from..).unwrap_or_default();
-        memo.segments.offer(key, seg, ids, SEGMENT_BUDGET);
+        let done = self.encode_chunks(seg, memo, out, want);
+        if done == seg.len() {
+            let ids = out.get(from..).unwrap_or_default();
+            memo.segments.offer(key, seg, ids, SEGMENT_BUDGET);
+        }
+        done
     }
 
     /// A long segment not seen whole before. When one of its first [`PROBED_CHUNKS`] chunks
@@ -531,8 +559,9 @@ impl FastBpe {
     /// document, a system prompt, an earlier turn, perhaps behind a new first line), chunk by
     /// chunk from the chunk cache; otherwise whole, noting those chunks, so text that never
     /// repeats pays for finding a few cuts and nothing more (cutting all of it cost a fifth
-    /// more than it saved there: measured).
-    fn encode_chunks(&self, seg: &str, memo: &mut Memo, out: &mut Vec<u32>) {
+    /// more than it saved there: measured) — unless only its start is wanted, then chunk by
+    /// chunk up to the cut where `out` holds `want` ids. Returns the bytes encoded.
+    fn encode_chunks(&self, seg: &str, memo: &mut Memo, out: &mut Vec<u32>, want: usize) -> usize {
         let b = seg.as_bytes();
         let mut probed = [(0u64, 0usize); PROBED_CHUNKS];
         let mut known = false;
@@ -558,27 +587,38 @@ impl FastBpe {
                     memo.chunks.note(key);
                 }
             }
-            return self.encode_segment(seg, &mut memo.words, out);
+            if want == usize::MAX {
+                self.encode_segment(seg, &mut memo.words, out);
+                return b.len();
+            }
         }
         let (mut start, mut end) = (0, probed[0].1);
         while start < b.len() {
             let Some(chunk) = seg.get(start..end) else {
                 // never: cuts are at ASCII spaces
                 self.encode_segment(seg.get(start..).unwrap_or_default(), &mut memo.words, out);
-                return;
+                return b.len();
             };
-            let key = Recall::key(chunk);
-            if let Some(ids) = memo.chunks.get(key, chunk) {
-                out.extend_from_slice(ids);
-            } else {
-                let from = out.len();
+            if !known {
                 self.encode_segment(chunk, &mut memo.words, out);
-                let ids = out.get(from..).unwrap_or_default();
-                memo.chunks.offer(key, chunk, ids, SEGMENT_BUDGET);
+            } else {
+                let key = Recall::key(chunk);
+                if let Some(ids) = memo.chunks.get(key, chunk) {
+                    out.extend_from_slice(ids);
+                } else {
+                    let from = out.len();
+                    self.encode_segment(chunk, &mut memo.words, out);
+                    let ids = out.get(from..).unwrap_or_default();
+                    memo.chunks.offer(key, chunk, ids, SEGMENT_BUDGET);
+                }
+            }
+            if out.len() >= want {
+                return end;
             }
             start = end;
             end = chunk_end(b, start);
         }
+        b.len()
     }
 
     fn encode_segment(&self, seg: &str, cache: &mut WordCache, out: &mut Vec<u32>) {
@@ -766,6 +806,34 @@ impl FastBpe {
     }
 }
 
+/// SmolLM2's fast encoder, for unit tests (the vocabulary `scripts/setup.sh` installs).
+#[cfg(test)]
+pub(crate) fn smollm2() -> FastBpe {
+    let repo = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+    let dir = crate::protocol::defaults::model_dir(&crate::protocol::defaults::data_dir(repo));
+    let json = std::fs::read(dir.join("tokenizer.json")).unwrap_or_default();
+    FastBpe::from_json(&json).unwrap_or_else(|| panic!("{}: run scripts/setup.sh", dir.display()))
+}
+
+#[cfg(test)]
+/// `n` words drawn from a small list by a generator seeded with `seed`.
+pub(crate) fn words(seed: u64, n: usize) -> String {
+    const WORDS: [&str; 12] = [
+        "drain", "queue", "rotate", "keys", "page", "oncall", "disk", "full", "retry", "shard",
+        "quorum", "lost",
+    ];
+    let mut x = seed | 1;
+    (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            WORDS[(x % WORDS.len() as u64) as usize]
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -780,34 +848,42 @@ mod tests {
         assert_eq!(distinct.len(), 256);
     }
 
-    fn smollm2() -> FastBpe {
-        let repo = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
-        let dir = crate::protocol::defaults::model_dir(&crate::protocol::defaults::data_dir(repo));
-        let json = std::fs::read(dir.join("tokenizer.json")).unwrap_or_default();
-        FastBpe::from_json(&json)
-            .unwrap_or_else(|| panic!("{}: run scripts/setup.sh", dir.display()))
-    }
+    use super::smollm2;
 
     fn kept_chunks(t: &FastBpe) -> usize {
         t.cache.lock().map_or(0, |m| m.chunks.kept.len())
     }
 
-    /// `n` words drawn from a small list by a generator seeded with `seed`.
-    fn words(seed: u64, n: usize) -> String {
-        const WORDS: [&str; 12] = [
-            "drain", "queue", "rotate", "keys", "page", "oncall", "disk", "full", "retry", "shard",
-            "quorum", "lost",
+    use super::words;
+
+    #[test]
+    fn a_text_encoded_piece_by_piece_is_encoded_exactly() {
+        let doc = words(3, 600);
+        let texts = [
+            // never seen, seen again (segment and chunk caches), behind a new first line
+            doc.clone(),
+            doc.clone(),
+            format!("ticket 42: {doc}"),
+            // added tokens between segments, non-ASCII text
+            format!("<|im_start|>system\n{doc}<|im_end|>\n<|im_start|>user\nünïcödé 🚀 {doc}<|im_end|>\n"),
+            words(5, 40),
         ];
-        let mut x = seed | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                WORDS[(x % WORDS.len() as u64) as usize]
-            })
-            .collect::<Vec<_>>()
-            .join(" ")
+        let t = smollm2();
+        for (n, text) in texts.iter().enumerate() {
+            let whole = smollm2().encode(text);
+            for step in [1, 7, 128, 1000] {
+                let (mut out, mut pos, mut calls) = (Vec::new(), 0, 0);
+                while pos < text.len() {
+                    pos = t.encode_from(text, pos, out.len() + step, &mut out);
+                    calls += 1;
+                    assert_eq!(out[..], whole[..out.len()], "text {n}, step {step}");
+                }
+                assert_eq!(out, whole, "text {n}, step {step}");
+                if step == 1 && text.len() > 2000 {
+                    assert!(calls > 3, "text {n}: stopped early only {calls} times");
+                }
+            }
+        }
     }
 
     #[test]

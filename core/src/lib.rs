@@ -12,7 +12,8 @@
 //! - [`request`] and [`error`]: parse and validate an OpenAI completions / chat body; the
 //!   OpenAI-style errors both sides answer with.
 //! - [`model`], [`template`], [`tokenizer`] ([`fast_bpe`]): render the prompt with the
-//!   model's chat template and tokenize it with its vocabulary.
+//!   model's chat template and tokenize it with its vocabulary; [`prompt_blocks`]: only as
+//!   deep as a router needs.
 //! - [`block`]: chained XXH3 hashes of the full token blocks (golden vectors in
 //!   `tests/data`).
 //! - [`cost`]: what a request costs on each pod (prefill per token, slot time, slots),
@@ -37,6 +38,7 @@ pub mod membership;
 pub mod model;
 pub mod plugin_config;
 pub mod policy;
+pub mod prompt_blocks;
 pub mod protocol;
 pub mod request;
 pub mod router_config;

@@ -4,11 +4,19 @@
 //! `tokenizer_config.json` (chat template, BOS/EOS). The filter and the server build the same
 //! bundle from the same files, so [`ModelBundle::prepare`] gives both the same answer.
 
-use crate::block::{block_hashes, root_hash, BlockHash, BlockSize};
+use crate::block::{root_hash, BlockHash, BlockSize};
 use crate::error::ApiError;
+use crate::prompt_blocks::PromptBlocks;
 use crate::request::{InferenceRequest, PromptInput};
 use crate::template::{ChatTemplate, TemplateError};
-use crate::tokenizer::{Tokenizer, TokenizerError};
+use crate::tokenizer::{Specials, Tokenizer, TokenizerError};
+use std::borrow::Cow;
+
+/// Chat prompts carry their special tokens in the rendered text.
+static NO_SPECIALS: Specials = Specials {
+    before: Vec::new(),
+    after: Vec::new(),
+};
 
 /// The fields of an HF `tokenizer_config.json` that rendering needs.
 #[derive(Debug, Default, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -174,8 +182,13 @@ impl ModelBundle {
 
     /// Renders and tokenizes the prompt and hashes its full blocks.
     pub fn prepare(&self, req: &InferenceRequest) -> Result<PreparedPrompt, ApiError> {
+        Ok(self.blocks(req)?.finish())
+    }
+
+    /// The prompt, rendered, to tokenize and hash only as deep as asked
+    /// ([`PromptBlocks::extend_to`]); every client error is found here already.
+    pub fn blocks<'a>(&'a self, req: &'a InferenceRequest) -> Result<PromptBlocks<'a>, ApiError> {
         self.check_model(req)?;
-        let tokens = self.tokens(&req.prompt, req)?;
         // non-text parts are not in the rendered text: they seed the hashes, so a prompt
         // with the same image hashes alike and one with another image does not
         let salt = match (req.cache_salt.as_deref(), req.media.is_empty()) {
@@ -187,24 +200,40 @@ impl ModelBundle {
             )),
         };
         let root = root_hash(&self.hash_seed(req), salt.as_deref());
-        let hashes = block_hashes(root, &tokens, self.block_size);
-        Ok(PreparedPrompt { tokens, hashes })
-    }
-
-    /// The prompt's tokens (a batch's first prompt's: it is routed on that one).
-    fn tokens(&self, prompt: &PromptInput, req: &InferenceRequest) -> Result<Vec<u32>, ApiError> {
-        Ok(match prompt {
-            PromptInput::Batch(prompts) => match prompts.first() {
-                Some(first) => self.tokens(first, req)?,
-                None => Vec::new(),
-            },
-            PromptInput::Text(text) => self.tokenizer.encode_with_specials(text).map_err(|e| {
-                ApiError::invalid(
-                    format!("prompt could not be tokenized: {e}"),
-                    Some("prompt"),
-                )
-            })?,
-            PromptInput::TokenIds(ids) => {
+        let whole = |tokens| Ok(PromptBlocks::whole(tokens, root, self.block_size));
+        let lazy = |fast, text, specials: &'a Specials| {
+            Ok(PromptBlocks::lazy(
+                fast,
+                text,
+                &specials.before,
+                &specials.after,
+                root,
+                self.block_size,
+            ))
+        };
+        // a batch is routed on its first prompt
+        let mut prompt = &req.prompt;
+        while let PromptInput::Batch(prompts) = prompt {
+            match prompts.first() {
+                Some(first) => prompt = first,
+                None => return whole(Vec::new()),
+            }
+        }
+        match (prompt, self.tokenizer.fast()) {
+            (PromptInput::Text(text), Some(fast)) => lazy(
+                fast,
+                Cow::Borrowed(text.as_str()),
+                self.tokenizer.specials(),
+            ),
+            (PromptInput::Text(text), None) => {
+                whole(self.tokenizer.encode_with_specials(text).map_err(|e| {
+                    ApiError::invalid(
+                        format!("prompt could not be tokenized: {e}"),
+                        Some("prompt"),
+                    )
+                })?)
+            }
+            (PromptInput::TokenIds(ids), _) => {
                 let vocab = self.tokenizer.vocab_size();
                 if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
                     return Err(ApiError::invalid(
@@ -212,18 +241,23 @@ impl ModelBundle {
                         Some("prompt"),
                     ));
                 }
-                ids.clone()
+                whole(ids.clone())
             }
-            PromptInput::Chat(messages) => {
+            (PromptInput::Chat(messages), fast) => {
                 let template = self.template.as_ref().ok_or_else(|| {
                     ApiError::unrenderable(
                         "this model has no chat template; use /v1/completions",
                         Some("messages"),
                     )
                 })?;
-                self.encode(&template.render(messages, &req.chat)?)?
+                let text = template.render(messages, &req.chat)?;
+                match fast {
+                    Some(fast) => lazy(fast, Cow::Owned(text), &NO_SPECIALS),
+                    None => whole(self.encode(&text)?),
+                }
             }
-        })
+            (PromptInput::Batch(_), _) => whole(Vec::new()),
+        }
     }
 
     /// The rendered text of a chat request (for debugging and for engines that want text).

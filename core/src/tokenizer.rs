@@ -115,6 +115,12 @@ impl Tokenizer {
         self.fast.is_some()
     }
 
+    /// The fast encoder, which can also encode a text's start alone
+    /// ([`crate::fast_bpe::FastBpe::encode_from`]).
+    pub fn fast(&self) -> Option<&crate::fast_bpe::FastBpe> {
+        self.fast.as_ref()
+    }
+
     /// Token ids from the `tokenizers` crate itself (the reference the fast path must match).
     pub fn encode_reference(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
         self.inner()?

@@ -142,6 +142,7 @@ impl<H: Host> RouterHttp<H> {
                 model.metrics.table(t.filled, t.replaced, t.conflicts);
                 let took_us = host.now_nanos().saturating_sub(started) / 1_000;
                 model.metrics.route_time(took_us, routed.prepare_us);
+                model.metrics.hashed(routed.hashed_blocks);
                 self.prefix_hash = routed.prefix_hash.map(|h| h.to_hex());
                 self.counted = routed.counted;
                 self.demand_key = routed.demand_key;

@@ -39,6 +39,7 @@ pub struct Metrics<H: Host> {
     /// per model name (the base model, then each adapter), indexed by [`ReasonKind::index`]
     reasons: Vec<Vec<Id>>,
     matched_blocks: Id,
+    hashed_blocks: Id,
     table_entries: Id,
     table_replacements: Id,
     table_conflicts: Id,
@@ -83,6 +84,7 @@ impl<H: Host> Metrics<H> {
                 })
                 .collect(),
             matched_blocks: def(Counter, "prefix_router_matched_blocks"),
+            hashed_blocks: def(Counter, "prefix_router_hashed_blocks"),
             table_entries: def(Gauge, &stats::model_stat_name("table_entries", model)),
             table_replacements: def(Counter, "prefix_router_table_replacements"),
             table_conflicts: def(Counter, "prefix_router_table_conflicts"),
@@ -181,6 +183,12 @@ impl<H: Host> Metrics<H> {
     pub fn route_time(&self, micros: u64, prepare_micros: u64) {
         self.set(self.route_us, micros);
         self.set(self.prepare_us, prepare_micros);
+    }
+
+    /// Blocks of a prompt hashed and looked up: as deep as a pod owned it, or all of them
+    /// with debug headers (beside `matched_blocks`, how much tokenizing routing took).
+    pub fn hashed(&self, blocks: usize) {
+        self.inc(self.hashed_blocks, blocks as i64);
     }
 
     /// Cache events applied by the poller: stored blocks may fill ways, removed blocks empty

@@ -9,11 +9,14 @@ use crate::members::{read_slots, Members, Placement};
 use crate::ownership::{OwnershipTable, RecordStats};
 use crate::pods::{fleet_id, parse_state, Inflight, Keys, PodState};
 use prefix_core::membership::Slots;
-use prefix_core::policy::{decide, probe_positions, Decision, Inputs, PodLoad, Policy, Reason};
+use prefix_core::policy::{
+    decide, probe_positions, Decision, Inputs, Owners, PodLoad, Policy, Reason,
+};
+use prefix_core::prompt_blocks::PromptBlocks;
 use prefix_core::request::InferenceRequest;
 use prefix_core::router_config::RouterConfig;
 use prefix_core::table::{Entry, TableLayout};
-use prefix_core::{ApiError, BlockHash, ModelBundle, PreparedPrompt};
+use prefix_core::{ApiError, BlockHash, ModelBundle};
 use std::cell::{Cell, OnceCell, RefCell};
 use std::rc::Rc;
 
@@ -70,9 +73,12 @@ pub struct Fleet {
 pub struct Routed {
     pub placed: Placement,
     pub table: RecordStats,
-    /// Hash of the prompt's last full block (it names the whole hashed prefix); `None` for
-    /// prompts shorter than a block or when the filter failed open.
+    /// Hash of the deepest block hashed, which names the prefix up to it (the whole prompt's
+    /// last full block with debug headers on: [`Router::route_request`]); `None` for prompts
+    /// shorter than a block or when the filter failed open.
     pub prefix_hash: Option<BlockHash>,
+    /// Blocks hashed and looked up (up to the one `prefix_hash` names).
+    pub hashed_blocks: usize,
     /// The chosen pod's in-flight counter was incremented (decrement when the stream ends).
     pub counted: bool,
     /// Time spent rendering, tokenizing and hashing the prompt (µs); the rest of the
@@ -215,11 +221,25 @@ impl Router {
         (fleet.states.get(i)?.generation == e.generation && e.stamp <= now).then_some(i)
     }
 
+    /// The live owners of block `h` (member positions).
+    fn live_owners<S: Store>(
+        &self,
+        table: &OwnershipTable<'_, S>,
+        fleet: &Fleet,
+        h: BlockHash,
+        now: u64,
+    ) -> Owners {
+        table
+            .owners(h)
+            .map(|e| e.and_then(|e| self.live_owner(fleet, &e, now)))
+    }
+
+    /// `prompt`: its block hashes and (estimated) length in tokens.
     fn choose<S: Store>(
         &self,
         table: &OwnershipTable<'_, S>,
         policy: Policy,
-        prompt: Option<&PreparedPrompt>,
+        prompt: (&[BlockHash], usize),
         demand: u32,
         now: u64,
         fleet: &Fleet,
@@ -229,18 +249,51 @@ impl Router {
             weights: &self.config.weights,
             pods: fleet.members.addrs(),
             loads: &fleet.loads,
-            hashes: prompt.map_or(&[], |p| &p.hashes),
-            prompt_tokens: prompt.map_or(0, |p| p.tokens.len()),
+            hashes: prompt.0,
+            prompt_tokens: prompt.1,
             block_size: self.config.block_size.get() as usize,
             demand,
             counter: self.next_counter(),
             random: self.next_random(),
         };
-        decide(&input, |h| {
-            table
-                .owners(h)
-                .map(|e| e.and_then(|e| self.live_owner(fleet, &e, now)))
-        })
+        decide(&input, |h| self.live_owners(table, fleet, h, now))
+    }
+
+    /// Tokenizes and hashes the prompt only as deep as a healthy pod owns it: 1, 2, 4, …
+    /// blocks, stopping at the first of these (the blocks [`decide`] probes) that no such pod
+    /// owns, since none can own a block past it. Debug headers name the whole prompt's
+    /// prefix, so with them on the whole prompt is hashed.
+    fn hash_owned_depth<S: Store>(
+        &self,
+        prompt: &mut PromptBlocks<'_>,
+        table: &OwnershipTable<'_, S>,
+        fleet: &Fleet,
+        now: u64,
+    ) {
+        if self.config.debug_headers {
+            return prompt.extend_to(usize::MAX);
+        }
+        let healthy = |i: usize| fleet.loads.get(i).is_none_or(|l| l.healthy);
+        let mut depth = 1usize;
+        loop {
+            prompt.extend_to(depth);
+            let Some(&h) = prompt.hashes().get(depth - 1) else {
+                return;
+            };
+            let owned = self
+                .live_owners(table, fleet, h, now)
+                .into_iter()
+                .flatten()
+                .any(healthy);
+            if !owned {
+                if !prompt.is_complete() {
+                    // only what was looked at is recorded
+                    prompt.truncate(depth);
+                }
+                return;
+            }
+            depth = depth.saturating_mul(2);
+        }
     }
 
     /// Plain balancing (least loaded among healthy pods, rotating among equals), e.g. for
@@ -249,7 +302,7 @@ impl Router {
     pub fn plain<S: Store>(&self, store: &S, reason: Reason) -> Option<Placement> {
         let fleet = self.fleet(store);
         let table = OwnershipTable::new(store, &self.layout);
-        let d = self.choose(&table, Policy::LeastLoaded, None, 1, 0, &fleet)?;
+        let d = self.choose(&table, Policy::LeastLoaded, (&[], 0), 1, 0, &fleet)?;
         Some(Placement {
             decision: Decision { reason, ..d },
             members: fleet.members,
@@ -277,6 +330,7 @@ impl Router {
             placed: Placement { model, ..placed },
             table: RecordStats::default(),
             prefix_hash: None,
+            hashed_blocks: 0,
             counted: false,
             prepare_us: 0,
             demand_key: None,
@@ -302,23 +356,32 @@ impl Router {
             return Ok(fallback(self));
         };
         let started = store.now_nanos();
-        let prompt = match bundle.prepare(req) {
+        let mut prompt = match bundle.blocks(req) {
             Ok(p) => p,
             // the pod's own renderer decides: never reject what it may accept
             Err(e) if e.is_unrenderable() => return Ok(fallback(self)),
             Err(e) => return Err(e),
         };
-        let now = store.now_nanos();
-        let prepare_us = now.saturating_sub(started) / 1_000;
         let fleet = self.fleet(store);
         // one table for lookup and record, so the buckets the lookup read are not read again
         let owners = OwnershipTable::new(store, &self.layout);
+        self.hash_owned_depth(&mut prompt, &owners, &fleet, started);
+        let now = store.now_nanos();
+        let prepare_us = now.saturating_sub(started) / 1_000;
+        let prompt_tokens = prompt.estimated_tokens();
+        let hashes = prompt.hashes();
         let policy = self.config.policy;
-        let first = prompt.hashes.first().copied();
+        let first = hashes.first().copied();
         let demand_key = first.filter(|_| policy == Policy::Cost);
         let demand = demand_key.map_or(1, |k| self.demand.estimate(k, fleet.inflight.total()));
-        let Some(decision) = self.choose(&owners, policy, Some(&prompt), demand, now, &fleet)
-        else {
+        let Some(decision) = self.choose(
+            &owners,
+            policy,
+            (hashes, prompt_tokens),
+            demand,
+            now,
+            &fleet,
+        ) else {
             return Ok(fallback(self));
         };
         let generation = fleet.states.get(decision.pod).map_or(0, |s| s.generation);
@@ -328,12 +391,12 @@ impl Router {
             model,
         };
         // only the blocks lookups probe (the pod's events fill in the rest)
-        let probed: Vec<BlockHash> = probe_positions(prompt.hashes.len())
+        let probed: Vec<BlockHash> = probe_positions(hashes.len())
             .into_iter()
-            .filter_map(|i| prompt.hashes.get(i).copied())
+            .filter_map(|i| hashes.get(i).copied())
             .collect();
         // the blocks count as the pod's once its predicted prefill of what it lacks is over
-        let computed = prompt.tokens.len().saturating_sub(
+        let computed = prompt_tokens.saturating_sub(
             decision.reason.matched_blocks() * self.config.block_size.get() as usize,
         );
         let prefill_s = fleet
@@ -356,7 +419,8 @@ impl Router {
         Ok(Some(Routed {
             placed,
             table,
-            prefix_hash: prompt.hashes.last().copied(),
+            prefix_hash: hashes.last().copied(),
+            hashed_blocks: hashes.len(),
             counted,
             prepare_us,
             demand_key,
@@ -488,6 +552,58 @@ mod tests {
             (first.placed.decision.pod, Reason::PrefixHit { blocks: 2 }),
             "after the predicted prefill it holds the prefix"
         );
+    }
+
+    /// Without debug headers a prompt is tokenized and hashed only as deep as a pod owns it:
+    /// a new prompt's first block, then twice as deep at each repeat, on the pod holding it
+    /// (the real vocabulary: the tiny one has no lazy encoder). With them, always whole.
+    #[test]
+    fn a_prompt_is_hashed_only_as_deep_as_a_pod_owns_it() {
+        let text = "Drain the node, page the on-call engineer, and rotate the keys. ".repeat(20);
+        let bundle = || crate::tokenizer::embedded_bundle(&crate::testing::config(""));
+        let req = prefix_core::request::parse_request(Endpoint::Completions, &body(&text));
+        let whole = bundle().unwrap().prepare(&req.unwrap()).unwrap().hashes;
+        assert!(whole.len() > 64, "{} blocks", whole.len());
+
+        let host = FakeHost::default();
+        let r = Router::new(crate::testing::config(""), bundle().ok(), 0);
+        let first = route(&r, &host, &body(&text)).unwrap();
+        assert_eq!(first.placed.decision.reason, Reason::Cold);
+        assert_eq!(
+            first.prefix_hash,
+            whole.first().copied(),
+            "one block looked at"
+        );
+        assert_eq!(first.table.written, 1);
+        let (mut depth, mut repeats) = (1, 0);
+        while depth < whole.len() {
+            let again = route(&r, &host, &body(&text)).unwrap();
+            done(&r, &host, &again);
+            assert_eq!(again.placed.pod(), first.placed.pod());
+            assert_eq!(
+                again.placed.decision.reason,
+                Reason::PrefixHit { blocks: depth }
+            );
+            let deeper = whole.iter().position(|h| Some(*h) == again.prefix_hash);
+            depth = deeper.expect("a block of the prompt") + 1;
+            repeats += 1;
+        }
+        assert!(
+            repeats <= 8,
+            "{repeats} repeats to hash {} blocks",
+            whole.len()
+        );
+
+        let debug = crate::testing::config(r#""debug_headers":true"#);
+        let r = Router::new(debug, bundle().ok(), 0);
+        let first = route(&r, &host, &body(&format!("other {text}"))).unwrap();
+        assert_eq!(first.placed.decision.reason, Reason::Cold);
+        let req = prefix_core::request::parse_request(
+            Endpoint::Completions,
+            &body(&format!("other {text}")),
+        );
+        let whole = bundle().unwrap().prepare(&req.unwrap()).unwrap().hashes;
+        assert_eq!(first.prefix_hash, whole.last().copied());
     }
 
     #[test]

@@ -118,6 +118,42 @@ fn repeated_prompt_sticks_to_one_pod_and_hits() {
     );
 }
 
+/// As deployed (no debug headers), a new prompt is tokenized only as deep as a pod owns it —
+/// its first block — and its repeats still go to the pod that computed it, and hit there.
+#[test]
+fn without_debug_headers_a_new_prompt_is_hashed_one_block_deep_and_repeats_still_hit() {
+    let f = Fleet::start("lazy", 3, &ZERO_COST, |s| {
+        s.max_body_bytes = 256 * 1024;
+        s.debug_headers = false;
+    })
+    .expect("fleet starts");
+    let body = json!({"prompt": format!("{}Incident: disk full on db-3.", RUNBOOK.repeat(8)), "max_tokens": 1});
+    let first = f.send("/v1/completions", &body, &[]);
+    assert_eq!(first.status, 200, "{}", first.body);
+    let tokens = first.body["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(tokens > 6 * 128, "{tokens} tokens");
+    assert_eq!(
+        header(&first, "x-prefix-router-reason"),
+        "",
+        "no debug headers"
+    );
+    assert_eq!(f.stat(&f.envoy, "prefix_router_hashed_blocks"), 1.0);
+    for _ in 0..5 {
+        let a = f.send("/v1/completions", &body, &[]);
+        assert_eq!(a.status, 200, "{}", a.body);
+        assert_eq!(a.pod, first.pod, "a repeat goes where the prefix is");
+        assert!(
+            cached(&a) >= 4 * 128,
+            "the pod reuses every block: {}",
+            cached(&a)
+        );
+    }
+    let owner = f.pod_index(&first.pod);
+    for (i, h) in f.hits().iter().enumerate() {
+        assert_eq!(*h > 0.0, i == owner, "pod {i}: {h} hits");
+    }
+}
+
 #[test]
 fn different_prompts_spread_without_reuse() {
     let f = fleet("spread");

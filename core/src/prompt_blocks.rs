@@ -1,0 +1,207 @@
+//! A prompt's tokens and block hashes, computed only as deep as they are asked for.
+//!
+//! Why: block hashes are chained, so once a block of a prompt is held by no pod, no block
+//! after it can be, and a router has nothing to look up past it. Tokenizing the rest of a
+//! never-seen 2k-token prompt was most of the filter's own CPU on unique prompts (measured:
+//! `scripts/bench.sh filter`). The router asks for 1, 2, 4, … blocks while the deepest one it
+//! has is owned; the pod, and the filter's debug headers, take the whole prompt
+//! ([`PromptBlocks::finish`]). The tokens produced piece by piece are exactly the whole
+//! prompt's first tokens ([`crate::fast_bpe::FastBpe::encode_from`] cuts only where the
+//! encoding does not depend on what follows).
+
+use crate::block::{chain_hash, BlockHash, BlockSize};
+use crate::fast_bpe::FastBpe;
+use crate::model::PreparedPrompt;
+use std::borrow::Cow;
+
+/// Text still to tokenize, from `pos` on.
+struct Pending<'a> {
+    fast: &'a FastBpe,
+    text: Cow<'a, str>,
+    pos: usize,
+    /// Tokens the post-processor appends once the text is done (e.g. an EOS).
+    after: &'a [u32],
+    /// Tokens before the text's (e.g. a BOS), for the length estimate.
+    before: usize,
+}
+
+/// A prompt's tokens and chained block hashes so far; see the module docs.
+pub struct PromptBlocks<'a> {
+    pending: Option<Pending<'a>>,
+    tokens: Vec<u32>,
+    hashes: Vec<BlockHash>,
+    root: BlockHash,
+    block_size: usize,
+}
+
+impl<'a> PromptBlocks<'a> {
+    /// A prompt whose tokens are all known already.
+    pub fn whole(tokens: Vec<u32>, root: BlockHash, block_size: BlockSize) -> Self {
+        let mut p = PromptBlocks {
+            pending: None,
+            tokens,
+            hashes: Vec::new(),
+            root,
+            block_size: block_size.get() as usize,
+        };
+        p.hash_full_blocks();
+        p
+    }
+
+    /// A prompt to tokenize lazily: `before`, then `text`'s ids, then `after`.
+    pub fn lazy(
+        fast: &'a FastBpe,
+        text: Cow<'a, str>,
+        before: &[u32],
+        after: &'a [u32],
+        root: BlockHash,
+        block_size: BlockSize,
+    ) -> Self {
+        let mut p = PromptBlocks {
+            pending: Some(Pending {
+                fast,
+                text,
+                pos: 0,
+                after,
+                before: before.len(),
+            }),
+            tokens: before.to_vec(),
+            hashes: Vec::new(),
+            root,
+            block_size: block_size.get() as usize,
+        };
+        p.hash_full_blocks();
+        p
+    }
+
+    /// Tokenizes and hashes until at least `blocks` full blocks are hashed, or the prompt
+    /// ends.
+    pub fn extend_to(&mut self, blocks: usize) {
+        while self.hashes.len() < blocks {
+            let Some(p) = self.pending.as_mut() else {
+                return;
+            };
+            let want = blocks.saturating_mul(self.block_size);
+            p.pos = p.fast.encode_from(&p.text, p.pos, want, &mut self.tokens);
+            if p.pos >= p.text.len() {
+                self.tokens.extend_from_slice(p.after);
+                self.pending = None;
+            }
+            self.hash_full_blocks();
+        }
+    }
+
+    fn hash_full_blocks(&mut self) {
+        let done = self.hashes.len() * self.block_size;
+        let mut parent = self.hashes.last().copied().unwrap_or(self.root);
+        for block in self
+            .tokens
+            .get(done..)
+            .unwrap_or_default()
+            .chunks_exact(self.block_size)
+        {
+            parent = chain_hash(parent, block);
+            self.hashes.push(parent);
+        }
+    }
+
+    /// Hashes of the full blocks so far.
+    pub fn hashes(&self) -> &[BlockHash] {
+        &self.hashes
+    }
+
+    /// Forgets the hashes past the first `blocks` (not the tokens), e.g. so that only the
+    /// blocks a router looked at are recorded.
+    pub fn truncate(&mut self, blocks: usize) {
+        self.hashes.truncate(blocks);
+    }
+
+    /// Whether the whole prompt is tokenized.
+    pub fn is_complete(&self) -> bool {
+        self.pending.is_none()
+    }
+
+    /// The prompt's length in tokens: exact once complete, else estimated from the tokens per
+    /// byte of the text so far.
+    pub fn estimated_tokens(&self) -> usize {
+        let Some(p) = &self.pending else {
+            return self.tokens.len();
+        };
+        let text_tokens = self.tokens.len().saturating_sub(p.before) as f64;
+        let rest = p.text.len().saturating_sub(p.pos) as f64;
+        let per_byte = text_tokens / p.pos.max(1) as f64;
+        self.tokens.len() + (rest * per_byte).ceil() as usize + p.after.len()
+    }
+
+    /// The whole prompt, tokenized and hashed.
+    pub fn finish(mut self) -> PreparedPrompt {
+        self.extend_to(usize::MAX);
+        self.hash_full_blocks();
+        PreparedPrompt {
+            tokens: self.tokens,
+            hashes: self.hashes,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::block::{block_hashes, root_hash};
+    use crate::fast_bpe::{smollm2, words};
+
+    fn bs(n: u32) -> BlockSize {
+        BlockSize::new(n).unwrap_or_default()
+    }
+
+    #[test]
+    fn blocks_asked_for_step_by_step_are_the_whole_prompts_first_blocks() {
+        let fast = smollm2();
+        let root = root_hash("m", None);
+        let text = format!("<|im_start|>system\n{}<|im_end|>\n", words(11, 900));
+        let (before, after) = ([7u32], [8u32, 9]);
+        let mut whole = before.to_vec();
+        whole.extend(fast.encode(&text));
+        whole.extend(after);
+        let expected = block_hashes(root, &whole, bs(16));
+        let mut p = PromptBlocks::lazy(&fast, Cow::Borrowed(&text), &before, &after, root, bs(16));
+        let mut depth = 1;
+        while !p.is_complete() {
+            p.extend_to(depth);
+            assert!(p.hashes().len() >= depth.min(expected.len()), "{depth}");
+            assert_eq!(p.hashes(), &expected[..p.hashes().len()], "{depth}");
+            depth *= 2;
+        }
+        let done = p.finish();
+        assert_eq!((done.tokens, done.hashes), (whole, expected));
+    }
+
+    #[test]
+    fn a_new_prompts_first_block_costs_a_fraction_of_its_tokens() {
+        let fast = smollm2();
+        let root = root_hash("m", None);
+        let text = words(13, 2000);
+        let total = fast.encode(&text).len();
+        let mut p = PromptBlocks::lazy(&fast, Cow::Borrowed(&text), &[], &[], root, bs(128));
+        p.extend_to(1);
+        assert!(!p.hashes().is_empty());
+        assert!(p.tokens.len() < total / 4, "{} of {total}", p.tokens.len());
+        // the length is estimated from the part tokenized
+        let est = p.estimated_tokens() as f64;
+        assert!((est / total as f64 - 1.0).abs() < 0.2, "{est} for {total}");
+        assert_eq!(p.finish().tokens.len(), total);
+    }
+
+    #[test]
+    fn known_tokens_are_hashed_at_once_and_truncation_keeps_them() {
+        let root = root_hash("m", None);
+        let tokens: Vec<u32> = (0..100).collect();
+        let mut p = PromptBlocks::whole(tokens.clone(), root, bs(16));
+        assert!(p.is_complete());
+        assert_eq!(p.hashes().len(), 6);
+        assert_eq!(p.estimated_tokens(), 100);
+        p.truncate(2);
+        assert_eq!(p.hashes().len(), 2);
+        assert_eq!(p.finish().hashes, block_hashes(root, &tokens, bs(16)));
+    }
+}
