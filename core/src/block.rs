@@ -143,10 +143,10 @@ pub fn block_hashes(root: BlockHash, tokens: &[u32], block_size: BlockSize) -> V
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn bs(n: u32) -> BlockSize {
+    pub(crate) fn bs(n: u32) -> BlockSize {
         BlockSize::new(n).unwrap()
     }
 

@@ -147,12 +147,9 @@ impl<'a> PromptBlocks<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::block::tests::bs;
     use crate::block::{block_hashes, root_hash};
     use crate::fast_bpe::{smollm2, words};
-
-    fn bs(n: u32) -> BlockSize {
-        BlockSize::new(n).unwrap_or_default()
-    }
 
     #[test]
     fn blocks_asked_for_step_by_step_are_the_whole_prompts_first_blocks() {
