@@ -124,9 +124,24 @@ impl<'a, H: Store> OwnershipTable<'a, H> {
         generation: u64,
         ready_at: Option<u64>,
     ) -> RecordStats {
+        self.record_into(hashes, pod, generation, ready_at, &mut Vec::new())
+    }
+
+    /// [`OwnershipTable::record`], also appending to `not_ready` the hashes that count as the
+    /// pod's only from a time still to come (what its answer's first bytes settle; a block
+    /// it already holds needs nothing, so a repeated prompt's answer reads nothing).
+    pub fn record_into(
+        &self,
+        hashes: &[BlockHash],
+        pod: &str,
+        generation: u64,
+        ready_at: Option<u64>,
+        not_ready: &mut Vec<BlockHash>,
+    ) -> RecordStats {
         let mut stats = RecordStats::default();
         // one clock read per prompt: its blocks age together
-        let stamp = ready_at.unwrap_or_else(|| self.host.now_nanos());
+        let now = self.host.now_nanos();
+        let stamp = ready_at.unwrap_or(now);
         for &h in hashes {
             let b = self.layout.bucket(h);
             // the first attempt may use this decision's earlier read; a lost race re-reads
@@ -145,9 +160,12 @@ impl<'a, H: Store> OwnershipTable<'a, H> {
                 };
                 let i = pick_way(h, pod, &ways);
                 let old = ways[i].take();
-                if old.as_ref().is_some_and(|e| {
+                if let Some(e) = old.as_ref().filter(|e| {
                     e.hash == h && e.pod == pod && e.generation == generation && e.stamp <= stamp
                 }) {
+                    if e.stamp > now {
+                        not_ready.push(h);
+                    }
                     outcome = SetOutcome::Written;
                     break; // already recorded, and ready no later
                 }
@@ -160,6 +178,9 @@ impl<'a, H: Store> OwnershipTable<'a, H> {
                 outcome = self.write(b, &ways, cas);
                 if outcome == SetOutcome::Written {
                     stats.written += 1;
+                    if stamp > now {
+                        not_ready.push(h);
+                    }
                     match old {
                         Some(e) if e.hash != h => stats.replaced += 1,
                         None => stats.filled += 1,

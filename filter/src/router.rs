@@ -404,9 +404,18 @@ impl Router {
             .get(decision.pod)
             .map_or(0.0, |l| l.costs.prefill_s(computed));
         let ready_at = now.saturating_add((prefill_s.clamp(0.0, 60.0) * 1e9) as u64);
-        let table = owners.record(&probed, placed.pod(), generation, Some(ready_at));
-        let pending = (ready_at > now).then_some(Pending {
-            hashes: probed,
+        let mut not_ready = Vec::new();
+        let table = owners.record_into(
+            &probed,
+            placed.pod(),
+            generation,
+            Some(ready_at),
+            &mut not_ready,
+        );
+        // only blocks not yet ready wait for the answer (a repeated prompt's, already the
+        // pod's, cost the response side no table reads)
+        let pending = (!not_ready.is_empty()).then_some(Pending {
+            hashes: not_ready,
             generation,
             ready_at,
         });
@@ -551,6 +560,12 @@ mod tests {
             (later.placed.decision.pod, later.placed.decision.reason),
             (first.placed.decision.pod, Reason::PrefixHit { blocks: 2 }),
             "after the predicted prefill it holds the prefix"
+        );
+        // the first request's answer would settle its blocks; the later one's has nothing to
+        assert_eq!(first.pending.map(|p| p.hashes.len()), Some(2));
+        assert!(
+            later.pending.is_none(),
+            "its blocks were ready when it was routed"
         );
     }
 
