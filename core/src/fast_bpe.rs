@@ -199,6 +199,17 @@ enum Splitter {
     Pattern { max_digits: usize },
 }
 
+/// Where a piecewise encoding stopped ([`FastBpe::encode_from`]); start from `default()`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Cursor {
+    /// Bytes of the text encoded so far.
+    pub pos: usize,
+    /// Where the segment (text between added tokens) that `pos` is in starts, and where its
+    /// ids start in the output.
+    segment: usize,
+    segment_ids: usize,
+}
+
 pub struct FastBpe {
     split: Regex,
     splitter: Splitter,
@@ -490,68 +501,89 @@ impl FastBpe {
     /// Token ids of `text` (no special tokens added).
     pub fn encode(&self, text: &str) -> Vec<u32> {
         let mut out = Vec::with_capacity(text.len() / 3);
-        self.encode_from(text, 0, usize::MAX, &mut out);
+        self.encode_from(text, &mut Cursor::default(), usize::MAX, &mut out);
         out
     }
 
-    /// Appends the ids of `text[start..]` to `out`, stopping early at the first safe cut (an
-    /// added token's end, or a chunk's: [`chunk_end`]) where `out` holds at least `want` ids.
-    /// Returns where it stopped: `text.len()` once all of it is encoded. `start` is 0 or
-    /// where an earlier call on the same text stopped; the ids so produced, call after call,
-    /// are exactly [`FastBpe::encode`]'s (tested), so a router can tokenize a prompt only as
-    /// far as it needs to.
-    pub fn encode_from(&self, text: &str, start: usize, want: usize, out: &mut Vec<u32>) -> usize {
+    /// Appends the ids of `text` from `cursor` on to `out`, stopping early at the first safe
+    /// cut (an added token's end, or a chunk's: [`chunk_end`]) where `out` holds at least
+    /// `want` ids; `cursor` then says where. Call after call with the same text, cursor and
+    /// `out`, the ids are exactly [`FastBpe::encode`]'s (tested), so a router can tokenize a
+    /// prompt only as far as it needs to; a segment finished over several calls is cached
+    /// whole as if encoded in one.
+    pub fn encode_from(&self, text: &str, cursor: &mut Cursor, want: usize, out: &mut Vec<u32>) {
         let mut memo = self.cache.lock().unwrap_or_else(|p| p.into_inner());
         if memo.words.len() > CACHE_LIMIT {
             memo.words.clear();
         }
+        let start = cursor.pos;
         let Some(rest) = text.get(start..) else {
-            return text.len();
+            cursor.pos = text.len();
+            return;
         };
-        let mut pos = start;
         if let Some(added) = &self.added {
             // leftmost added token, the longest where several start there (as `tokenizers`);
-            // `start` is never inside one, so scanning from there finds the same ones
+            // a cursor is never inside one, so scanning from there finds the same ones
             for m in added.matcher.find_iter(rest) {
                 let (from, to) = (start + m.start(), start + m.end());
-                let seg = text.get(pos..from).unwrap_or_default();
-                let done = pos + self.encode_memo(seg, &mut memo, out, want);
-                if done < from {
-                    return done;
+                if !self.encode_memo(text, from, cursor, &mut memo, out, want) {
+                    return;
                 }
                 if let Some(&id) = added.ids.get(m.pattern().as_usize()) {
                     out.push(id);
                 }
-                pos = to;
+                *cursor = Cursor {
+                    pos: to,
+                    segment: to,
+                    segment_ids: out.len(),
+                };
                 if out.len() >= want {
-                    return pos;
+                    return;
                 }
             }
         }
-        let seg = text.get(pos..).unwrap_or_default();
-        pos + self.encode_memo(seg, &mut memo, out, want)
+        self.encode_memo(text, text.len(), cursor, &mut memo, out, want);
     }
 
-    /// One segment between added tokens, whole from the segment cache when it is long and
-    /// was seen before. Returns how many of its bytes were encoded: all, or up to a chunk cut
-    /// once `out` holds `want` ids.
-    fn encode_memo(&self, seg: &str, memo: &mut Memo, out: &mut Vec<u32>, want: usize) -> usize {
-        if seg.len() < SEGMENT_MIN_BYTES {
-            self.encode_segment(seg, &mut memo.words, out);
-            return seg.len();
+    /// The rest of one segment between added tokens, `text[cursor.pos..end]` (the segment
+    /// starts at `cursor.segment`): whole from the segment cache when it is long and was seen
+    /// before. True once it is all encoded; false when it stopped at a chunk cut because
+    /// `out` holds `want` ids.
+    fn encode_memo(
+        &self,
+        text: &str,
+        end: usize,
+        cursor: &mut Cursor,
+        memo: &mut Memo,
+        out: &mut Vec<u32>,
+        want: usize,
+    ) -> bool {
+        let resumed = cursor.pos > cursor.segment;
+        if !resumed {
+            cursor.segment_ids = out.len();
         }
-        let key = Recall::key(seg);
-        if let Some(ids) = memo.segments.get(key, seg) {
-            out.extend_from_slice(ids);
-            return seg.len();
+        let whole = text.get(cursor.segment..end).unwrap_or_default();
+        let rest = text.get(cursor.pos..end).unwrap_or_default();
+        if whole.len() < SEGMENT_MIN_BYTES {
+            self.encode_segment(rest, &mut memo.words, out);
+            cursor.pos = end;
+            return true;
         }
-        let from = out.len();
-        let done = self.encode_chunks(seg, memo, out, want);
-        if done == seg.len() {
-            let ids = out.get(from..).unwrap_or_default();
-            memo.segments.offer(key, seg, ids, SEGMENT_BUDGET);
+        if !resumed {
+            if let Some(ids) = memo.segments.get(Recall::key(whole), whole) {
+                out.extend_from_slice(ids);
+                cursor.pos = end;
+                return true;
+            }
         }
-        done
+        cursor.pos += self.encode_chunks(rest, memo, out, want);
+        if cursor.pos < end {
+            return false;
+        }
+        let ids = out.get(cursor.segment_ids..).unwrap_or_default();
+        memo.segments
+            .offer(Recall::key(whole), whole, ids, SEGMENT_BUDGET);
+        true
     }
 
     /// A long segment not seen whole before. When one of its first [`PROBED_CHUNKS`] chunks
@@ -872,15 +904,19 @@ mod tests {
         for (n, text) in texts.iter().enumerate() {
             let whole = smollm2().encode(text);
             for step in [1, 7, 128, 1000] {
-                let (mut out, mut pos, mut calls) = (Vec::new(), 0, 0);
-                while pos < text.len() {
-                    pos = t.encode_from(text, pos, out.len() + step, &mut out);
+                let (mut out, mut at, mut calls) = (Vec::new(), Cursor::default(), 0);
+                while at.pos < text.len() {
+                    t.encode_from(text, &mut at, out.len() + step, &mut out);
                     calls += 1;
                     assert_eq!(out[..], whole[..out.len()], "text {n}, step {step}");
                 }
                 assert_eq!(out, whole, "text {n}, step {step}");
-                if step == 1 && text.len() > 2000 {
-                    assert!(calls > 3, "text {n}: stopped early only {calls} times");
+                if (n, step) == (0, 1) {
+                    assert!(calls > 3, "never seen: stopped early only {calls} times");
+                }
+                if n == 1 {
+                    // finished piece by piece twice before: kept whole, like a whole encode
+                    assert_eq!(calls, 1, "text {n}, step {step}");
                 }
             }
         }

@@ -10,7 +10,7 @@
 //! encoding does not depend on what follows).
 
 use crate::block::{chain_hash, BlockHash, BlockSize};
-use crate::fast_bpe::FastBpe;
+use crate::fast_bpe::{Cursor, FastBpe};
 use crate::model::PreparedPrompt;
 use std::borrow::Cow;
 
@@ -18,7 +18,7 @@ use std::borrow::Cow;
 struct Pending<'a> {
     fast: &'a FastBpe,
     text: Cow<'a, str>,
-    pos: usize,
+    at: Cursor,
     /// Tokens the post-processor appends once the text is done (e.g. an EOS).
     after: &'a [u32],
     /// Tokens before the text's (e.g. a BOS), for the length estimate.
@@ -61,7 +61,7 @@ impl<'a> PromptBlocks<'a> {
             pending: Some(Pending {
                 fast,
                 text,
-                pos: 0,
+                at: Cursor::default(),
                 after,
                 before: before.len(),
             }),
@@ -82,8 +82,9 @@ impl<'a> PromptBlocks<'a> {
                 return;
             };
             let want = blocks.saturating_mul(self.block_size);
-            p.pos = p.fast.encode_from(&p.text, p.pos, want, &mut self.tokens);
-            if p.pos >= p.text.len() {
+            p.fast
+                .encode_from(&p.text, &mut p.at, want, &mut self.tokens);
+            if p.at.pos >= p.text.len() {
                 self.tokens.extend_from_slice(p.after);
                 self.pending = None;
             }
@@ -128,8 +129,8 @@ impl<'a> PromptBlocks<'a> {
             return self.tokens.len();
         };
         let text_tokens = self.tokens.len().saturating_sub(p.before) as f64;
-        let rest = p.text.len().saturating_sub(p.pos) as f64;
-        let per_byte = text_tokens / p.pos.max(1) as f64;
+        let rest = p.text.len().saturating_sub(p.at.pos) as f64;
+        let per_byte = text_tokens / p.at.pos.max(1) as f64;
         self.tokens.len() + (rest * per_byte).ceil() as usize + p.after.len()
     }
 
