@@ -234,12 +234,13 @@ impl Router {
             .map(|e| e.and_then(|e| self.live_owner(fleet, &e, now)))
     }
 
-    /// `prompt`: its block hashes and (estimated) length in tokens.
+    /// `prompt`: its block hashes, (estimated) length in tokens, and the owners of some of
+    /// its blocks already looked up.
     fn choose<S: Store>(
         &self,
         table: &OwnershipTable<'_, S>,
         policy: Policy,
-        prompt: (&[BlockHash], usize),
+        prompt: (&[BlockHash], usize, &[(BlockHash, Owners)]),
         demand: u32,
         now: u64,
         fleet: &Fleet,
@@ -256,41 +257,44 @@ impl Router {
             counter: self.next_counter(),
             random: self.next_random(),
         };
-        decide(&input, |h| self.live_owners(table, fleet, h, now))
+        decide(&input, |h| match prompt.2.iter().find(|(k, _)| *k == h) {
+            Some(&(_, owners)) => owners,
+            None => self.live_owners(table, fleet, h, now),
+        })
     }
 
     /// Tokenizes and hashes the prompt only as deep as a healthy pod owns it: 1, 2, 4, …
     /// blocks, stopping at the first of these (the blocks [`decide`] probes) that no such pod
     /// owns, since none can own a block past it. Debug headers name the whole prompt's
-    /// prefix, so with them on the whole prompt is hashed.
+    /// prefix, so with them on the whole prompt is hashed. Returns the live owners it looked
+    /// up, for [`decide`] to use rather than look up again.
     fn hash_owned_depth<S: Store>(
         &self,
         prompt: &mut PromptBlocks<'_>,
         table: &OwnershipTable<'_, S>,
         fleet: &Fleet,
         now: u64,
-    ) {
+    ) -> Vec<(BlockHash, Owners)> {
+        let mut seen = Vec::new();
         if self.config.debug_headers {
-            return prompt.extend_to(usize::MAX);
+            prompt.extend_to(usize::MAX);
+            return seen;
         }
         let healthy = |i: usize| fleet.loads.get(i).is_none_or(|l| l.healthy);
         let mut depth = 1usize;
         loop {
             prompt.extend_to(depth);
             let Some(&h) = prompt.hashes().get(depth - 1) else {
-                return;
+                return seen;
             };
-            let owned = self
-                .live_owners(table, fleet, h, now)
-                .into_iter()
-                .flatten()
-                .any(healthy);
-            if !owned {
+            let owners = self.live_owners(table, fleet, h, now);
+            seen.push((h, owners));
+            if !owners.into_iter().flatten().any(healthy) {
                 if !prompt.is_complete() {
                     // only what was looked at is recorded
                     prompt.truncate(depth);
                 }
-                return;
+                return seen;
             }
             depth = depth.saturating_mul(2);
         }
@@ -302,7 +306,7 @@ impl Router {
     pub fn plain<S: Store>(&self, store: &S, reason: Reason) -> Option<Placement> {
         let fleet = self.fleet(store);
         let table = OwnershipTable::new(store, &self.layout);
-        let d = self.choose(&table, Policy::LeastLoaded, (&[], 0), 1, 0, &fleet)?;
+        let d = self.choose(&table, Policy::LeastLoaded, (&[], 0, &[]), 1, 0, &fleet)?;
         Some(Placement {
             decision: Decision { reason, ..d },
             members: fleet.members,
@@ -365,7 +369,7 @@ impl Router {
         let fleet = self.fleet(store);
         // one table for lookup and record, so the buckets the lookup read are not read again
         let owners = OwnershipTable::new(store, &self.layout);
-        self.hash_owned_depth(&mut prompt, &owners, &fleet, started);
+        let looked_up = self.hash_owned_depth(&mut prompt, &owners, &fleet, started);
         let now = store.now_nanos();
         let prepare_us = now.saturating_sub(started) / 1_000;
         let prompt_tokens = prompt.estimated_tokens();
@@ -377,7 +381,7 @@ impl Router {
         let Some(decision) = self.choose(
             &owners,
             policy,
-            (hashes, prompt_tokens),
+            (hashes, prompt_tokens, &looked_up),
             demand,
             now,
             &fleet,
