@@ -132,14 +132,27 @@ pub fn chain_hash(parent: BlockHash, block: &[u32]) -> BlockHash {
 
 /// Hashes of every full block of `tokens`, in order. A trailing partial block is ignored.
 pub fn block_hashes(root: BlockHash, tokens: &[u32], block_size: BlockSize) -> Vec<BlockHash> {
-    let mut parent = root;
-    tokens
-        .chunks_exact(block_size.get() as usize)
-        .map(|block| {
-            parent = chain_hash(parent, block);
-            parent
-        })
-        .collect()
+    let mut hashes = Vec::with_capacity(tokens.len() / block_size.get() as usize);
+    extend_block_hashes(root, &mut hashes, tokens, block_size);
+    hashes
+}
+
+/// Appends to `hashes` (those of the first full blocks of `tokens`, chained from `root`) the
+/// hashes of the full blocks of `tokens` after them: a prompt tokenized piece by piece is
+/// hashed as it grows, with the same result as [`block_hashes`] on all of it.
+pub fn extend_block_hashes(
+    root: BlockHash,
+    hashes: &mut Vec<BlockHash>,
+    tokens: &[u32],
+    block_size: BlockSize,
+) {
+    let size = block_size.get() as usize;
+    let mut parent = hashes.last().copied().unwrap_or(root);
+    let done = hashes.len().saturating_mul(size);
+    for block in tokens.get(done..).unwrap_or_default().chunks_exact(size) {
+        parent = chain_hash(parent, block);
+        hashes.push(parent);
+    }
 }
 
 #[cfg(test)]

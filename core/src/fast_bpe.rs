@@ -847,8 +847,8 @@ pub(crate) fn smollm2() -> FastBpe {
     FastBpe::from_json(&json).unwrap_or_else(|| panic!("{}: run scripts/setup.sh", dir.display()))
 }
 
+/// `n` words drawn from a small list by a generator seeded with `seed`, for unit tests.
 #[cfg(test)]
-/// `n` words drawn from a small list by a generator seeded with `seed`.
 pub(crate) fn words(seed: u64, n: usize) -> String {
     const WORDS: [&str; 12] = [
         "drain", "queue", "rotate", "keys", "page", "oncall", "disk", "full", "retry", "shard",
@@ -880,13 +880,9 @@ mod tests {
         assert_eq!(distinct.len(), 256);
     }
 
-    use super::smollm2;
-
     fn kept_chunks(t: &FastBpe) -> usize {
         t.cache.lock().map_or(0, |m| m.chunks.kept.len())
     }
-
-    use super::words;
 
     #[test]
     fn a_text_encoded_piece_by_piece_is_encoded_exactly() {

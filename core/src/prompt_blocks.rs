@@ -9,12 +9,12 @@
 //! prompt's first tokens ([`crate::fast_bpe::FastBpe::encode_from`] cuts only where the
 //! encoding does not depend on what follows).
 
-use crate::block::{chain_hash, BlockHash, BlockSize};
+use crate::block::{extend_block_hashes, BlockHash, BlockSize};
 use crate::fast_bpe::{Cursor, FastBpe};
 use crate::model::PreparedPrompt;
 use std::borrow::Cow;
 
-/// Text still to tokenize, from `pos` on.
+/// Text still to tokenize, from `at` on.
 struct Pending<'a> {
     fast: &'a FastBpe,
     text: Cow<'a, str>,
@@ -31,7 +31,7 @@ pub struct PromptBlocks<'a> {
     tokens: Vec<u32>,
     hashes: Vec<BlockHash>,
     root: BlockHash,
-    block_size: usize,
+    block_size: BlockSize,
 }
 
 impl<'a> PromptBlocks<'a> {
@@ -42,7 +42,7 @@ impl<'a> PromptBlocks<'a> {
             tokens,
             hashes: Vec::new(),
             root,
-            block_size: block_size.get() as usize,
+            block_size,
         };
         p.hash_full_blocks();
         p
@@ -68,7 +68,7 @@ impl<'a> PromptBlocks<'a> {
             tokens: before.to_vec(),
             hashes: Vec::new(),
             root,
-            block_size: block_size.get() as usize,
+            block_size,
         };
         p.hash_full_blocks();
         p
@@ -81,7 +81,7 @@ impl<'a> PromptBlocks<'a> {
             let Some(p) = self.pending.as_mut() else {
                 return;
             };
-            let want = blocks.saturating_mul(self.block_size);
+            let want = blocks.saturating_mul(self.block_size.get() as usize);
             p.fast
                 .encode_from(&p.text, &mut p.at, want, &mut self.tokens);
             if p.at.pos >= p.text.len() {
@@ -93,17 +93,7 @@ impl<'a> PromptBlocks<'a> {
     }
 
     fn hash_full_blocks(&mut self) {
-        let done = self.hashes.len() * self.block_size;
-        let mut parent = self.hashes.last().copied().unwrap_or(self.root);
-        for block in self
-            .tokens
-            .get(done..)
-            .unwrap_or_default()
-            .chunks_exact(self.block_size)
-        {
-            parent = chain_hash(parent, block);
-            self.hashes.push(parent);
-        }
+        extend_block_hashes(self.root, &mut self.hashes, &self.tokens, self.block_size);
     }
 
     /// Hashes of the full blocks so far.

@@ -179,7 +179,8 @@ impl<H: Host> Metrics<H> {
         self.inc(self.served_elsewhere, 1);
     }
 
-    /// Whole routing time, and the part of it spent rendering, tokenizing and hashing.
+    /// Whole routing time, and the part of it spent rendering, tokenizing, hashing and looking
+    /// the blocks up.
     pub fn route_time(&self, micros: u64, prepare_micros: u64) {
         self.set(self.route_us, micros);
         self.set(self.prepare_us, prepare_micros);

@@ -68,6 +68,23 @@ pub struct Fleet {
     pub inflight: Inflight,
 }
 
+/// What [`decide`] is told of a prompt: its block hashes so far, its (estimated) length in
+/// tokens, and the live owners of the blocks already looked up.
+struct PromptView<'a> {
+    hashes: &'a [BlockHash],
+    tokens: usize,
+    looked_up: &'a [(BlockHash, Owners)],
+}
+
+impl PromptView<'_> {
+    /// No prompt (balancing by load).
+    const NONE: PromptView<'static> = PromptView {
+        hashes: &[],
+        tokens: 0,
+        looked_up: &[],
+    };
+}
+
 /// The outcome for one inference request.
 #[derive(Debug, Clone)]
 pub struct Routed {
@@ -81,8 +98,9 @@ pub struct Routed {
     pub hashed_blocks: usize,
     /// The chosen pod's in-flight counter was incremented (decrement when the stream ends).
     pub counted: bool,
-    /// Time spent rendering, tokenizing and hashing the prompt (µs); the rest of the
-    /// routing time is the shared-data work (pod states, table lookups and writes).
+    /// Time spent rendering, tokenizing and hashing the prompt and looking its blocks up, as
+    /// deep as they are owned (µs); the rest of the routing time is the decision and the
+    /// shared-data writes.
     pub prepare_us: u64,
     /// The prefix (first block) this request is counted under in the per-prefix demand
     /// (policy `cost`); release it with [`Router::release_demand`].
@@ -234,13 +252,11 @@ impl Router {
             .map(|e| e.and_then(|e| self.live_owner(fleet, &e, now)))
     }
 
-    /// `prompt`: its block hashes, (estimated) length in tokens, and the owners of some of
-    /// its blocks already looked up.
     fn choose<S: Store>(
         &self,
         table: &OwnershipTable<'_, S>,
         policy: Policy,
-        prompt: (&[BlockHash], usize, &[(BlockHash, Owners)]),
+        prompt: &PromptView<'_>,
         demand: u32,
         now: u64,
         fleet: &Fleet,
@@ -250,16 +266,18 @@ impl Router {
             weights: &self.config.weights,
             pods: fleet.members.addrs(),
             loads: &fleet.loads,
-            hashes: prompt.0,
-            prompt_tokens: prompt.1,
+            hashes: prompt.hashes,
+            prompt_tokens: prompt.tokens,
             block_size: self.config.block_size.get() as usize,
             demand,
             counter: self.next_counter(),
             random: self.next_random(),
         };
-        decide(&input, |h| match prompt.2.iter().find(|(k, _)| *k == h) {
-            Some(&(_, owners)) => owners,
-            None => self.live_owners(table, fleet, h, now),
+        decide(&input, |h| {
+            match prompt.looked_up.iter().find(|(k, _)| *k == h) {
+                Some(&(_, owners)) => owners,
+                None => self.live_owners(table, fleet, h, now),
+            }
         })
     }
 
@@ -275,26 +293,26 @@ impl Router {
         fleet: &Fleet,
         now: u64,
     ) -> Vec<(BlockHash, Owners)> {
-        let mut seen = Vec::new();
+        let mut looked_up = Vec::new();
         if self.config.debug_headers {
             prompt.extend_to(usize::MAX);
-            return seen;
+            return looked_up;
         }
         let healthy = |i: usize| fleet.loads.get(i).is_none_or(|l| l.healthy);
         let mut depth = 1usize;
         loop {
             prompt.extend_to(depth);
             let Some(&h) = prompt.hashes().get(depth - 1) else {
-                return seen;
+                return looked_up;
             };
             let owners = self.live_owners(table, fleet, h, now);
-            seen.push((h, owners));
+            looked_up.push((h, owners));
             if !owners.into_iter().flatten().any(healthy) {
                 if !prompt.is_complete() {
                     // only what was looked at is recorded
                     prompt.truncate(depth);
                 }
-                return seen;
+                return looked_up;
             }
             depth = depth.saturating_mul(2);
         }
@@ -306,7 +324,7 @@ impl Router {
     pub fn plain<S: Store>(&self, store: &S, reason: Reason) -> Option<Placement> {
         let fleet = self.fleet(store);
         let table = OwnershipTable::new(store, &self.layout);
-        let d = self.choose(&table, Policy::LeastLoaded, (&[], 0, &[]), 1, 0, &fleet)?;
+        let d = self.choose(&table, Policy::LeastLoaded, &PromptView::NONE, 1, 0, &fleet)?;
         Some(Placement {
             decision: Decision { reason, ..d },
             members: fleet.members,
@@ -381,7 +399,11 @@ impl Router {
         let Some(decision) = self.choose(
             &owners,
             policy,
-            (hashes, prompt_tokens, &looked_up),
+            &PromptView {
+                hashes,
+                tokens: prompt_tokens,
+                looked_up: &looked_up,
+            },
             demand,
             now,
             &fleet,
