@@ -506,7 +506,7 @@ impl FastBpe {
     }
 
     /// Appends the ids of `text` from `cursor` on to `out`, stopping early at the first safe
-    /// cut (an added token's end, or a chunk's: [`chunk_end`]) where `out` holds at least
+    /// cut (an added token's end, or a chunk's: `chunk_end`) where `out` holds at least
     /// `want` ids; `cursor` then says where. Call after call with the same text, cursor and
     /// `out`, the ids are exactly [`FastBpe::encode`]'s (tested), so a router can tokenize a
     /// prompt only as far as it needs to; a segment finished over several calls is cached

@@ -19,7 +19,7 @@
 //! - A prompt shorter than one block goes to the least-loaded pod (rotating among equals).
 //!
 //! [`Policy::Cost`] predicts each pod's time to first token in seconds instead (see
-//! [`cost`]). `round_robin`, `random` and `least_loaded` exist for side-by-side comparison.
+//! `cost`). `round_robin`, `random` and `least_loaded` exist for side-by-side comparison.
 
 mod cost;
 
@@ -152,7 +152,7 @@ impl Fallbacks {
 pub enum Policy {
     #[default]
     Prefix,
-    /// Predicted time to first token from learned per-pod costs ([`cost`]).
+    /// Predicted time to first token from learned per-pod costs (`policy::cost`).
     Cost,
     RoundRobin,
     Random,
