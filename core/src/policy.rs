@@ -19,7 +19,7 @@
 //! - A prompt shorter than one block goes to the least-loaded pod (rotating among equals).
 //!
 //! [`Policy::Cost`] predicts each pod's time to first token in seconds instead (see
-//! `cost`). `round_robin`, `random` and `least_loaded` exist for side-by-side comparison.
+//! `policy::cost`). `round_robin`, `random` and `least_loaded` exist for side-by-side comparison.
 
 mod cost;
 
