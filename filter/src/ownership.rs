@@ -124,23 +124,25 @@ impl<'a, H: Store> OwnershipTable<'a, H> {
         generation: u64,
         ready_at: Option<u64>,
     ) -> RecordStats {
-        self.record_into(hashes, pod, generation, ready_at, &mut Vec::new())
+        let now = self.host.now_nanos();
+        self.record_into(hashes, pod, generation, (now, ready_at), &mut Vec::new())
     }
 
     /// [`OwnershipTable::record`], also appending to `not_ready` the hashes that count as the
     /// pod's only from a time still to come (what its answer's first bytes settle; a block
-    /// it already holds needs nothing, so a repeated prompt's answer reads nothing).
+    /// it already holds needs nothing, so a repeated prompt's answer reads nothing). `at`: the
+    /// router clock now (the caller's one read per prompt: its blocks age together) and the
+    /// optional ready time.
     pub fn record_into(
         &self,
         hashes: &[BlockHash],
         pod: &str,
         generation: u64,
-        ready_at: Option<u64>,
+        at: (u64, Option<u64>),
         not_ready: &mut Vec<BlockHash>,
     ) -> RecordStats {
         let mut stats = RecordStats::default();
-        // one clock read per prompt: its blocks age together
-        let now = self.host.now_nanos();
+        let (now, ready_at) = at;
         let stamp = ready_at.unwrap_or(now);
         for &h in hashes {
             let b = self.layout.bucket(h);

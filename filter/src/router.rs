@@ -435,7 +435,7 @@ impl Router {
             &probed,
             placed.pod(),
             generation,
-            Some(ready_at),
+            (now, Some(ready_at)),
             &mut not_ready,
         );
         // only blocks not yet ready wait for the answer (a repeated prompt's, already the
