@@ -122,12 +122,22 @@ pub fn root_hash(model: &str, cache_salt: Option<&str>) -> BlockHash {
 
 /// Hash of one block given its parent.
 pub fn chain_hash(parent: BlockHash, block: &[u32]) -> BlockHash {
-    let mut buf = Vec::with_capacity(8 + block.len() * 4);
-    buf.extend_from_slice(&parent.0.to_le_bytes());
-    for t in block {
-        buf.extend_from_slice(&t.to_le_bytes());
+    chain_hash_in(&mut Vec::new(), parent, block)
+}
+
+/// [`chain_hash`] with a caller's scratch buffer: hashing a prompt reuses one, and writes
+/// each token's four bytes at once (appending them a byte slice at a time, with a new buffer
+/// per block, was half the time of hashing a repeated 2k-token prompt in the wasm filter:
+/// measured under V8).
+fn chain_hash_in(buf: &mut Vec<u8>, parent: BlockHash, block: &[u32]) -> BlockHash {
+    buf.clear();
+    buf.resize(8 + block.len() * 4, 0);
+    let (head, body) = buf.split_at_mut(8);
+    head.copy_from_slice(&parent.0.to_le_bytes());
+    for (dst, t) in body.chunks_exact_mut(4).zip(block) {
+        dst.copy_from_slice(&t.to_le_bytes());
     }
-    BlockHash(xxh3_64_with_seed(&buf, HASH_SEED))
+    BlockHash(xxh3_64_with_seed(buf, HASH_SEED))
 }
 
 /// Hashes of every full block of `tokens`, in order. A trailing partial block is ignored.
@@ -149,8 +159,9 @@ pub fn extend_block_hashes(
     let size = block_size.get() as usize;
     let mut parent = hashes.last().copied().unwrap_or(root);
     let done = hashes.len().saturating_mul(size);
+    let mut buf = Vec::with_capacity(8 + size * 4);
     for block in tokens.get(done..).unwrap_or_default().chunks_exact(size) {
-        parent = chain_hash(parent, block);
+        parent = chain_hash_in(&mut buf, parent, block);
         hashes.push(parent);
     }
 }

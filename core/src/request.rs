@@ -6,6 +6,7 @@
 
 use crate::error::ApiError;
 use serde_json::{Map, Value};
+use std::mem::take;
 
 /// Which OpenAI endpoint a body was sent to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -122,7 +123,7 @@ pub fn parse_request(endpoint: Endpoint, body: &[u8]) -> Result<InferenceRequest
     }
     let value: Value = serde_json::from_str(text)
         .map_err(|e| ApiError::invalid(format!("request body is not valid JSON: {e}"), None))?;
-    let Value::Object(obj) = value else {
+    let Value::Object(mut obj) = value else {
         return Err(ApiError::invalid(
             "request body must be a JSON object",
             None,
@@ -131,9 +132,9 @@ pub fn parse_request(endpoint: Endpoint, body: &[u8]) -> Result<InferenceRequest
 
     let mut media = Vec::new();
     let (prompt, chat) = match endpoint {
-        Endpoint::Completions => (parse_prompt(&obj)?, ChatOptions::default()),
+        Endpoint::Completions => (parse_prompt(&mut obj)?, ChatOptions::default()),
         Endpoint::ChatCompletions => (
-            PromptInput::Chat(parse_messages(&obj, &mut media)?),
+            PromptInput::Chat(parse_messages(&mut obj, &mut media)?),
             parse_chat_options(&obj)?,
         ),
     };
@@ -154,38 +155,39 @@ pub fn parse_request(endpoint: Endpoint, body: &[u8]) -> Result<InferenceRequest
     })
 }
 
-fn parse_prompt(obj: &Map<String, Value>) -> Result<PromptInput, ApiError> {
+/// The prompt, moved out of the parsed body (a long prompt is not copied again).
+fn parse_prompt(obj: &mut Map<String, Value>) -> Result<PromptInput, ApiError> {
     let p = obj
-        .get("prompt")
+        .get_mut("prompt")
         .ok_or_else(|| ApiError::invalid("missing required field 'prompt'", Some("prompt")))?;
     match p {
         Value::String(s) if s.is_empty() => Err(ApiError::invalid(
             "'prompt' must not be empty",
             Some("prompt"),
         )),
-        Value::String(s) => Ok(PromptInput::Text(s.clone())),
+        Value::String(s) => Ok(PromptInput::Text(take(s))),
         Value::Array(items) if items.is_empty() => Err(ApiError::invalid(
             "'prompt' must not be empty",
             Some("prompt"),
         )),
         Value::Array(items) => {
-            if let [Value::String(s)] = items.as_slice() {
+            if let [Value::String(s)] = items.as_mut_slice() {
                 if s.is_empty() {
                     return Err(ApiError::invalid(
                         "'prompt' must not be empty",
                         Some("prompt"),
                     ));
                 }
-                return Ok(PromptInput::Text(s.clone()));
+                return Ok(PromptInput::Text(take(s)));
             }
             if let Some(ids) = token_ids(items) {
                 return Ok(PromptInput::TokenIds(ids));
             }
             // several prompts: strings or arrays of token ids
             let batch = items
-                .iter()
+                .iter_mut()
                 .map(|v| match v {
-                    Value::String(s) if !s.is_empty() => Some(PromptInput::Text(s.clone())),
+                    Value::String(s) if !s.is_empty() => Some(PromptInput::Text(take(s))),
                     Value::Array(ids) if !ids.is_empty() => token_ids(ids).map(PromptInput::TokenIds),
                     _ => None,
                 })
@@ -247,12 +249,13 @@ fn parse_chat_options(obj: &Map<String, Value>) -> Result<ChatOptions, ApiError>
     })
 }
 
+/// The messages, moved out of the parsed body.
 fn parse_messages(
-    obj: &Map<String, Value>,
+    obj: &mut Map<String, Value>,
     media: &mut Vec<String>,
 ) -> Result<Vec<ChatMessage>, ApiError> {
     let m = obj
-        .get("messages")
+        .get_mut("messages")
         .ok_or_else(|| ApiError::invalid("missing required field 'messages'", Some("messages")))?;
     let Value::Array(items) = m else {
         return Err(ApiError::invalid(
@@ -267,7 +270,7 @@ fn parse_messages(
         ));
     }
     items
-        .iter()
+        .iter_mut()
         .enumerate()
         .map(|(i, item)| {
             let Value::Object(msg) = item else {
@@ -285,9 +288,9 @@ fn parse_messages(
                     ))
                 }
             };
-            let mut msg = msg.clone();
+            let mut msg = take(msg);
             if let Some(content) = msg.get_mut("content") {
-                *content = flatten_content(content, media).ok_or_else(|| {
+                *content = flatten_content(take(content), media).ok_or_else(|| {
                     ApiError::invalid(
                         format!("'messages[{i}].content' must be a string, null, or an array of content parts (objects with a 'type')"),
                         Some(&format!("messages[{i}].content")),
@@ -302,9 +305,9 @@ fn parse_messages(
 /// A message's content as the template gets it: a string or null as sent; an array of
 /// content parts becomes its text parts joined with "\n" (vLLM's string content format),
 /// its other parts going to `media`. `None` for anything else.
-fn flatten_content(v: &Value, media: &mut Vec<String>) -> Option<Value> {
-    match v {
-        Value::String(_) | Value::Null => Some(v.clone()),
+fn flatten_content(v: Value, media: &mut Vec<String>) -> Option<Value> {
+    match &v {
+        Value::String(_) | Value::Null => Some(v),
         Value::Array(parts) => {
             let mut texts = Vec::new();
             for part in parts {

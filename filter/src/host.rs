@@ -281,6 +281,8 @@ pub mod fake {
         pub sent: RefCell<Option<Sent>>,
         /// What `upstream_address` answers for the current stream.
         pub upstream: RefCell<Option<String>>,
+        /// Host calls made, by kind (what a request costs in crossings into Envoy).
+        pub tally: RefCell<std::collections::BTreeMap<&'static str, u32>>,
     }
 
     impl FakeHost {
@@ -315,6 +317,16 @@ pub mod fake {
             self.upstream.borrow_mut().take();
         }
 
+        /// Counts one host call of `kind`.
+        fn count(&self, kind: &'static str) {
+            *self.tally.borrow_mut().entry(kind).or_default() += 1;
+        }
+
+        /// The host calls made since the last `take_tally`, by kind.
+        pub fn take_tally(&self) -> std::collections::BTreeMap<&'static str, u32> {
+            std::mem::take(&mut *self.tally.borrow_mut())
+        }
+
         pub fn take_calls(&self) -> Vec<Call> {
             std::mem::take(&mut *self.calls.borrow_mut())
         }
@@ -326,6 +338,7 @@ pub mod fake {
 
     impl Store for FakeHost {
         fn shared_get(&self, key: &str) -> Option<(Vec<u8>, Option<u32>)> {
+            self.count("shared_get");
             if self.fail_reads.get() {
                 return None;
             }
@@ -336,6 +349,7 @@ pub mod fake {
         }
 
         fn shared_set(&self, key: &str, value: &[u8], cas: Option<u32>) -> SetOutcome {
+            self.count("shared_set");
             let mut d = self.data.borrow_mut();
             match (d.get_mut(key), cas) {
                 (Some((_, c)), Some(want)) if *c != want => SetOutcome::CasMismatch,
@@ -352,6 +366,7 @@ pub mod fake {
         }
 
         fn now_nanos(&self) -> u64 {
+            self.count("now");
             self.clock.set(self.clock.get() + 1);
             self.clock.get()
         }
@@ -365,6 +380,7 @@ pub mod fake {
             self.tick.set(Some(period));
         }
         fn log(&self, level: Level, message: &str) {
+            self.count("log");
             self.logs.borrow_mut().push((level, message.to_owned()));
         }
         fn define_metric(&self, kind: MetricKind, name: &str) -> Option<u32> {
@@ -376,11 +392,13 @@ pub mod fake {
             Some(m.len() as u32 - 1)
         }
         fn increment_metric(&self, id: u32, by: i64) {
+            self.count("metric");
             if let Some(m) = self.metrics.borrow_mut().get_mut(id as usize) {
                 m.2 += by;
             }
         }
         fn record_metric(&self, id: u32, value: u64) {
+            self.count("metric");
             if let Some(m) = self.metrics.borrow_mut().get_mut(id as usize) {
                 m.2 = value as i64;
             }
@@ -418,12 +436,14 @@ pub mod fake {
                 .map(|(_, b)| b[..size.min(b.len())].to_vec())
         }
         fn header(&self, map: Headers, name: &str) -> Option<String> {
+            self.count("header");
             match map {
                 Headers::Request => get(&self.request_headers.borrow(), name),
                 Headers::Response => get(&self.response_headers.borrow(), name),
             }
         }
         fn set_header(&self, map: Headers, name: &str, value: Option<&str>) {
+            self.count("set_header");
             let mut h = match map {
                 Headers::Request => self.request_headers.borrow_mut(),
                 Headers::Response => self.response_headers.borrow_mut(),
@@ -434,10 +454,12 @@ pub mod fake {
             }
         }
         fn request_body(&self, size: usize) -> Option<Vec<u8>> {
+            self.count("body");
             let b = self.body.borrow();
             Some(b[..size.min(b.len())].to_vec())
         }
         fn send_response(&self, status: u16, headers: &[(&str, &str)], body: &[u8]) {
+            self.count("send_response");
             *self.sent.borrow_mut() = Some(Sent {
                 status,
                 headers: headers
@@ -448,6 +470,7 @@ pub mod fake {
             });
         }
         fn upstream_address(&self) -> Option<String> {
+            self.count("upstream_address");
             self.upstream.borrow().clone()
         }
     }

@@ -345,8 +345,11 @@ impl HttpContext for RouterHttp<EnvoyHost> {
 mod tests {
     use super::*;
     use crate::host::fake::FakeHost;
+    use crate::metrics::Metrics;
     use crate::pods::{read_state, Inflight};
     use crate::testing;
+    use prefix_core::plugin_config::{PluginConfig, UnknownModel};
+    use prefix_core::router_config::RouterConfig;
 
     struct Stream {
         host: Rc<FakeHost>,
@@ -486,6 +489,95 @@ mod tests {
             (fourth.pod, fourth.reason),
             (first.pod, Reason::PrefixHit { blocks: 4 }),
             "the third's answer made the blocks ready"
+        );
+    }
+
+    /// What a request costs in crossings into Envoy: a repeated prompt's request writes no
+    /// table bucket (its blocks are already the pod's), only its in-flight count (taken and
+    /// released), and every repeat costs the same.
+    #[test]
+    fn a_repeated_prompt_writes_only_its_inflight_count() {
+        let f = setup("");
+        let prompt: String = (0..64).map(|i| format!("w{i} ")).collect();
+        let body = format!(r#"{{"prompt":"{prompt}"}}"#);
+        let mut tallies = Vec::new();
+        for _ in 0..3 {
+            f.0.take_tally();
+            let mut s = stream(&f, &POST);
+            s.ctx.request_headers(false);
+            s.body(&body);
+            s.respond("200", true);
+            s.ctx.response_body(10, false);
+            s.ctx.response_body(0, true);
+            s.ctx.log();
+            tallies.push(f.0.take_tally());
+        }
+        assert!(tallies[0]["shared_set"] > 2, "{:?}", tallies[0]);
+        for t in &tallies[1..] {
+            assert_eq!(t.get("shared_set"), Some(&2), "{t:?}");
+            assert_eq!(t, &tallies[1]);
+        }
+    }
+
+    /// The filter's whole per-request path natively (a profiling aid, not a test of speed):
+    /// `cargo test --release -p prefix-router-filter native_request_path -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn native_request_path() {
+        let host = Rc::new(FakeHost::default());
+        let config = RouterConfig::parse(
+            br#"{"pods":["127.0.0.1:8001"],"model_name":"SmolLM2-135M-Instruct","block_size":128}"#,
+        )
+        .unwrap();
+        let bundle = crate::tokenizer::embedded_bundle(&config).ok();
+        let router = Rc::new(Router::new(config.clone(), bundle, 0));
+        let models = Rc::new(Models {
+            config: PluginConfig {
+                models: vec![config],
+                unknown_model: UnknownModel::RouteTo(0),
+                several: false,
+            },
+            list: vec![Model {
+                router: Rc::clone(&router),
+                metrics: Rc::new(Metrics::define(Rc::clone(&host), "m", &[])),
+            }],
+        });
+        let words = [
+            "check",
+            "the",
+            "service",
+            "logs",
+            "before",
+            "restarting",
+            "any",
+            "node",
+        ];
+        let text: String = (0..1800).map(|i| format!("{} ", words[i % 8])).collect();
+        let n = std::env::var("ROUNDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(20_000);
+        let same = std::env::var("SAME").is_ok();
+        let body = |i: usize| {
+            let lead = if same { String::new() } else { format!("{i} ") };
+            format!(r#"{{"model":"SmolLM2-135M-Instruct","prompt":"{lead}{text}","max_tokens":1}}"#)
+        };
+        let t = std::time::Instant::now();
+        for i in 0..n {
+            let body = body(i);
+            host.new_stream(&POST);
+            let mut ctx = RouterHttp::new(Rc::clone(&host), Some(Rc::clone(&models)));
+            ctx.request_headers(false);
+            *host.body.borrow_mut() = body.as_bytes().to_vec();
+            ctx.request_body(body.len(), true);
+            *host.response_headers.borrow_mut() = vec![(":status".into(), "200".into())];
+            ctx.response_headers();
+            ctx.response_body(100, true);
+            ctx.log();
+        }
+        eprintln!(
+            "{:.1} µs per request ({n} requests, same prompt: {same})",
+            t.elapsed().as_secs_f64() * 1e6 / n as f64
         );
     }
 
