@@ -297,9 +297,10 @@ pub fn is_unreachable_reply(status: Option<&str>, body: &[u8]) -> bool {
 }
 
 /// Whether a response means the chosen pod never answered: Envoy's own 502/503, which carries
-/// no pod header (every response of the project's server carries one).
-pub fn is_connect_failure(status: &str, has_pod_header: bool) -> bool {
-    matches!(status, "502" | "503") && !has_pod_header
+/// no pod header (every response of the project's server carries one). The header is asked
+/// for only when the status could be Envoy's (each read is a host call in the filter).
+pub fn is_connect_failure(status: &str, has_pod_header: impl FnOnce() -> bool) -> bool {
+    matches!(status, "502" | "503") && !has_pod_header()
 }
 
 #[cfg(test)]
@@ -659,7 +660,7 @@ mod tests {
             ("429", false, false),
         ] {
             assert_eq!(
-                is_connect_failure(status, pod_header),
+                is_connect_failure(status, || pod_header),
                 want,
                 "{status} {pod_header}"
             );

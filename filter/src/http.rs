@@ -43,6 +43,9 @@ pub struct RouterHttp<H: Host> {
     /// blocks recorded as the chosen pod's from its predicted prefill end, to settle when its
     /// answer starts sooner
     pending: Option<Pending>,
+    /// The address that answered, once read (with the answer's headers: no retry follows
+    /// them), so the end of the stream does not ask Envoy again.
+    served_by: Option<Option<String>>,
     done: bool,
 }
 
@@ -59,6 +62,7 @@ impl<H: Host> RouterHttp<H> {
             counted: false,
             demand_key: None,
             pending: None,
+            served_by: None,
             done: false,
         }
     }
@@ -237,12 +241,13 @@ impl<H: Host> RouterHttp<H> {
         let status = host
             .header(Headers::Response, ":status")
             .unwrap_or_default();
-        let from_pod = host.header(Headers::Response, headers::POD).is_some();
         // only the chosen pod's success means it computed the prompt
-        let served_elsewhere = host.upstream_address().is_some_and(|a| a != placed.pod());
+        let served = self.served_by.insert(host.upstream_address());
+        let served_elsewhere = served.as_deref().is_some_and(|a| a != placed.pod());
         if !status.starts_with('2') || served_elsewhere {
             self.pending = None;
         }
+        let from_pod = || host.header(Headers::Response, headers::POD).is_some();
         if is_connect_failure(&status, from_pod) {
             let addr = placed.pod();
             let down_after = router.config.down_after_failures;
@@ -297,7 +302,10 @@ impl<H: Host> RouterHttp<H> {
             router.release_demand(key);
         }
         let chosen = placed.pod();
-        let served = self.host.upstream_address();
+        let served = match self.served_by.take() {
+            Some(read) => read,
+            None => self.host.upstream_address(),
+        };
         if served.is_some_and(|s| s != chosen) && self.endpoint.is_some() {
             if let Some(m) = &self.metrics {
                 m.served_elsewhere();
@@ -494,7 +502,8 @@ mod tests {
 
     /// What a request costs in crossings into Envoy: a repeated prompt's request writes no
     /// table bucket (its blocks are already the pod's), only its in-flight count (taken and
-    /// released), and every repeat costs the same.
+    /// released), and every repeat costs the same; a successful answer's upstream address is
+    /// read once, and its pod header not at all.
     #[test]
     fn a_repeated_prompt_writes_only_its_inflight_count() {
         let f = setup("");
@@ -515,6 +524,12 @@ mod tests {
         assert!(tallies[0]["shared_set"] > 2, "{:?}", tallies[0]);
         for t in &tallies[1..] {
             assert_eq!(t.get("shared_set"), Some(&2), "{t:?}");
+            assert_eq!(t.get("upstream_address"), Some(&1), "{t:?}");
+            assert_eq!(
+                t.get("header"),
+                Some(&4),
+                ":path, :method, content-length, :status"
+            );
             assert_eq!(t, &tallies[1]);
         }
     }
