@@ -54,7 +54,9 @@ pub struct Router {
 
 /// The members and their states as read under one states-version CAS token.
 struct SeenStates {
-    version: u32,
+    /// The version key's CAS token; `None` while the key does not exist (no state or
+    /// membership was ever written: every write creates it), which is as cacheable as any.
+    version: Option<u32>,
     members: Rc<Members>,
     states: Rc<Vec<PodState>>,
 }
@@ -183,7 +185,7 @@ impl Router {
             .and_then(|(_, cas)| cas);
         let mut cached = self.states.borrow_mut();
         let (members, states) = match (version, cached.as_ref()) {
-            (Some(v), Some(seen)) if seen.version == v => {
+            (v, Some(seen)) if seen.version == v => {
                 (Rc::clone(&seen.members), Rc::clone(&seen.states))
             }
             _ => {
@@ -196,7 +198,7 @@ impl Router {
                         .map(Option::unwrap_or_default)
                         .collect(),
                 );
-                *cached = version.map(|version| SeenStates {
+                *cached = Some(SeenStates {
                     version,
                     members: Rc::clone(&members),
                     states: Rc::clone(&states),
@@ -545,6 +547,23 @@ mod tests {
                 assert_eq!(states[0].generation, 0);
             }
         }
+    }
+
+    #[test]
+    fn before_any_state_is_written_the_fleet_is_read_once_too() {
+        // polling off (`poll_interval_ms: 0`) writes no state until a pod fails
+        let host = crate::host::fake::Counting::default();
+        let r = router(None);
+        r.fleet(&host);
+        host.gets.set(0);
+        r.fleet(&host);
+        assert_eq!(
+            host.gets.get(),
+            2,
+            "the version key and the in-flight counts"
+        );
+        crate::poller::mark_down(&host, &r.keys, PODS[0], 1).unwrap();
+        assert!(!r.fleet(&host).states[0].healthy, "the first write is seen");
     }
 
     #[test]
