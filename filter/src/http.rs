@@ -557,17 +557,7 @@ mod tests {
                 metrics: Rc::new(Metrics::define(Rc::clone(&host), "m", &[])),
             }],
         });
-        let words = [
-            "check",
-            "the",
-            "service",
-            "logs",
-            "before",
-            "restarting",
-            "any",
-            "node",
-        ];
-        let text: String = (0..1800).map(|i| format!("{} ", words[i % 8])).collect();
+        let text = "check the service logs before restarting any node ".repeat(225);
         let n = std::env::var("ROUNDS")
             .ok()
             .and_then(|v| v.parse().ok())
