@@ -108,7 +108,7 @@ impl Recall {
         xxhash_rust::xxh3::xxh3_64(text.as_bytes())
     }
 
-    /// A key for a long text from its length, its ends and 16 bytes-wide samples spread over
+    /// A key for a long text from its length, its ends and 16 samples of 16 bytes spread over
     /// it, not all of it: a whole prompt's segment is looked up once per request, and hashing
     /// all of a 2k-token prompt cost as much as a cache hit saves (measured under V8). Texts
     /// that differ only between the samples share a key; [`Recall::get`] compares the text, so
