@@ -327,6 +327,13 @@ pub mod fake {
             std::mem::take(&mut *self.tally.borrow_mut())
         }
 
+        /// Shared-data reads and writes since the last `take_tally`.
+        pub fn shared_calls(&self) -> (u32, u32) {
+            let t = self.tally.borrow();
+            let n = |kind| t.get(kind).copied().unwrap_or(0);
+            (n("shared_get"), n("shared_set"))
+        }
+
         pub fn take_calls(&self) -> Vec<Call> {
             std::mem::take(&mut *self.calls.borrow_mut())
         }
@@ -472,28 +479,6 @@ pub mod fake {
         fn upstream_address(&self) -> Option<String> {
             self.count("upstream_address");
             self.upstream.borrow().clone()
-        }
-    }
-
-    /// Counts shared-data reads and writes (to prove how many host calls a path makes).
-    #[derive(Default)]
-    pub struct Counting {
-        pub inner: FakeHost,
-        pub gets: Cell<u32>,
-        pub sets: Cell<u32>,
-    }
-
-    impl Store for Counting {
-        fn shared_get(&self, k: &str) -> Option<(Vec<u8>, Option<u32>)> {
-            self.gets.set(self.gets.get() + 1);
-            self.inner.shared_get(k)
-        }
-        fn shared_set(&self, k: &str, v: &[u8], cas: Option<u32>) -> SetOutcome {
-            self.sets.set(self.sets.get() + 1);
-            self.inner.shared_set(k, v, cas)
-        }
-        fn now_nanos(&self) -> u64 {
-            self.inner.now_nanos()
         }
     }
 }

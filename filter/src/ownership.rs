@@ -205,7 +205,7 @@ impl<'a, H: Store> OwnershipTable<'a, H> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::host::fake::{Counting, FakeHost};
+    use crate::host::fake::FakeHost;
 
     #[test]
     fn record_lookup_remove() {
@@ -273,7 +273,7 @@ mod tests {
 
     #[test]
     fn one_read_per_block_per_decision() {
-        let host = Counting::default();
+        let host = FakeHost::default();
         let layout = TableLayout::new("t", 1 << 16);
         let hs: Vec<BlockHash> = (1..=16).map(|i| BlockHash(i * 0x9E37_79B9)).collect();
         // a cold prompt on buckets that never existed: read again right before each write
@@ -281,18 +281,18 @@ mod tests {
         let cold = OwnershipTable::new(&host, &layout);
         assert!(hs.iter().all(|&h| cold.owners(h) == EMPTY));
         assert_eq!(cold.record(&hs, "127.0.0.1:1", 0, None).written, 16);
-        assert_eq!((host.gets.get(), host.sets.get()), (32, 16));
+        assert_eq!(host.shared_calls(), (32, 16));
         // the same prompt again (a fresh decision): the lookup's reads serve the record,
         // which has nothing to write
         let warm = OwnershipTable::new(&host, &layout);
         assert!(hs.iter().all(|&h| warm.owners(h)[0].is_some()));
         assert_eq!(warm.record(&hs, "127.0.0.1:1", 0, None).written, 0);
-        assert_eq!((host.gets.get(), host.sets.get()), (48, 16));
+        assert_eq!(host.shared_calls(), (48, 16));
         // a second pod joins as an owner: existing buckets, so one read and one write each
         let other = OwnershipTable::new(&host, &layout);
         assert!(hs.iter().all(|&h| other.owners(h)[1].is_none()));
         assert_eq!(other.record(&hs, "127.0.0.1:2", 0, None).written, 16);
-        assert_eq!((host.gets.get(), host.sets.get()), (64, 32));
+        assert_eq!(host.shared_calls(), (64, 32));
         // recording without a lookup (the poller applying events): one read per block
         let fresh: Vec<BlockHash> = (17..=24).map(|i| BlockHash(i * 0x9E37_79B9)).collect();
         assert_eq!(
@@ -301,7 +301,7 @@ mod tests {
                 .written,
             8
         );
-        assert_eq!((host.gets.get(), host.sets.get()), (72, 40));
+        assert_eq!(host.shared_calls(), (72, 40));
     }
 
     #[test]

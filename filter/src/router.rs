@@ -552,14 +552,14 @@ mod tests {
     #[test]
     fn before_any_state_is_written_the_fleet_is_read_once_too() {
         // polling off (`poll_interval_ms: 0`) writes no state until a pod fails
-        let host = crate::host::fake::Counting::default();
+        let host = FakeHost::default();
         let r = router(None);
         r.fleet(&host);
-        host.gets.set(0);
+        host.take_tally();
         r.fleet(&host);
         assert_eq!(
-            host.gets.get(),
-            2,
+            host.shared_calls(),
+            (2, 0),
             "the version key and the in-flight counts"
         );
         crate::poller::mark_down(&host, &r.keys, PODS[0], 1).unwrap();
@@ -568,20 +568,19 @@ mod tests {
 
     #[test]
     fn a_request_reads_the_fleet_in_two_host_calls() {
-        let host = crate::host::fake::Counting::default();
+        let host = FakeHost::default();
         let r = router(None);
         crate::poller::mark_down(&host, &r.keys, PODS[2], 1).unwrap();
         let first = r.fleet(&host);
         assert!(!first.states[2].healthy);
-        host.gets.set(0);
+        host.take_tally();
         // unchanged states: the version key and the packed in-flight counts, nothing else
         let again = r.fleet(&host);
-        assert_eq!(host.gets.get(), 2);
+        assert_eq!(host.shared_calls(), (2, 0));
         assert_eq!(again.states, first.states);
         // counting a request is then one write
-        host.sets.set(0);
         assert_eq!(again.inflight.add(&host, &r.inflight_key, 1, 1), Some(1));
-        assert_eq!((host.gets.get(), host.sets.get()), (2, 1));
+        assert_eq!(host.shared_calls(), (2, 1));
         assert_eq!(r.fleet(&host).loads[1].inflight, 1);
     }
 
