@@ -353,10 +353,8 @@ impl HttpContext for RouterHttp<EnvoyHost> {
 mod tests {
     use super::*;
     use crate::host::fake::FakeHost;
-    use crate::metrics::Metrics;
     use crate::pods::{read_state, Inflight};
     use crate::testing;
-    use prefix_core::plugin_config::{PluginConfig, UnknownModel};
     use prefix_core::router_config::RouterConfig;
 
     struct Stream {
@@ -545,18 +543,7 @@ mod tests {
         )
         .unwrap();
         let bundle = crate::tokenizer::embedded_bundle(&config).ok();
-        let router = Rc::new(Router::new(config.clone(), bundle, 0));
-        let models = Rc::new(Models {
-            config: PluginConfig {
-                models: vec![config],
-                unknown_model: UnknownModel::RouteTo(0),
-                several: false,
-            },
-            list: vec![Model {
-                router: Rc::clone(&router),
-                metrics: Rc::new(Metrics::define(Rc::clone(&host), "m", &[])),
-            }],
-        });
+        let models = Rc::new(testing::models_of(&host, Router::new(config, bundle, 0)));
         let text = "check the service logs before restarting any node ".repeat(225);
         let n = std::env::var("ROUNDS")
             .ok()

@@ -52,13 +52,21 @@ pub fn router(extra: &str) -> Router {
 
 /// One model, [`router`], as the filter's contexts see it.
 pub fn models(host: &Rc<FakeHost>, extra: &str) -> Models<FakeHost> {
-    let router = router(extra);
+    models_of(host, router(extra))
+}
+
+/// One model served by `router`, as the filter's contexts see it (unknown models rejected).
+pub fn models_of(host: &Rc<FakeHost>, router: Router) -> Models<FakeHost> {
     let config = PluginConfig {
         models: vec![router.config.clone()],
         unknown_model: UnknownModel::Reject,
         several: false,
     };
-    let metrics = Metrics::define(Rc::clone(host), "m", &router.config.adapters);
+    let metrics = Metrics::define(
+        Rc::clone(host),
+        &router.config.model_name,
+        &router.config.adapters,
+    );
     Models {
         config,
         list: vec![Model {
