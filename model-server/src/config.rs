@@ -93,15 +93,15 @@ pub struct Config {
     /// Tokenizer: a `tokenizer.json`, or a directory holding it (and optionally `tokenizer_config.json` with the chat template).
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
-    /// sim: fixed time to first token, milliseconds. The sim defaults are calibrated from the
-    /// real engine (`--engine candle`, SmolLM2-135M, 2 CPU cores; `scripts/bench.sh engine`).
-    #[arg(long, default_value_t = 250.0)]
+    /// sim: fixed time to first token, milliseconds. The sim defaults follow the real engine
+    /// (`--engine candle`, SmolLM2-135M, 2 CPU cores; `scripts/bench.sh engine`, 2026-12-05).
+    #[arg(long, default_value_t = 100.0)]
     pub sim_ttft_base_ms: f64,
     /// sim: prefill cost per uncached prompt token, microseconds.
-    #[arg(long, default_value_t = 9000.0)]
+    #[arg(long, default_value_t = 3500.0)]
     pub sim_prefill_us_per_token: f64,
     /// sim: decode delay per generated token, milliseconds.
-    #[arg(long, default_value_t = 120.0)]
+    #[arg(long, default_value_t = 55.0)]
     pub sim_decode_ms_per_token: f64,
 }
 
