@@ -130,6 +130,15 @@ impl Running {
                     // on only to study decisions (the replay then records each reason)
                     s.debug_headers = std::env::var_os("BENCH_DEBUG_HEADERS").is_some();
                     s.max_body_bytes = 8 * 1024 * 1024;
+                    // plugin-config fields to try (`{"weights":{"imbalance_abs":16}}`)
+                    if let Ok(v) = std::env::var("BENCH_PLUGIN_EXTRA") {
+                        match serde_json::from_str(&v) {
+                            Ok(extra) => s.extra = extra,
+                            Err(e) => {
+                                eprintln!("BENCH_PLUGIN_EXTRA ignored (not a JSON object: {e})")
+                            }
+                        }
+                    }
                 },
                 dir,
             )?),
