@@ -103,6 +103,64 @@ fn logits_with_cached_blocks_equal_full_prefill() {
     );
 }
 
+/// Decoding several sequences in one batched step gives each the logits it gets alone, so a
+/// pod that batches answers exactly as one that does not (greedy).
+#[test]
+fn a_batched_decode_step_equals_each_sequence_alone() {
+    let model = Llama::load(&default_model_file()).expect("run scripts/setup.sh");
+    let bundle_json =
+        std::fs::read(model_server::config::default_model_dir().join("tokenizer.json")).unwrap();
+    let tok = prefix_core::tokenizer::Tokenizer::from_json_bytes(&bundle_json).unwrap();
+    let ids = tok.encode(&format!("{RUNBOOK}{RUNBOOK}")).unwrap();
+    // three sequences of different lengths, so each attends over its own number of positions
+    let prompts = [&ids[..40], &ids[5..70], &ids[11..23]];
+    let argmax = |v: &[f32]| {
+        v.iter()
+            .enumerate()
+            .max_by(|x, y| x.1.total_cmp(y.1))
+            .unwrap()
+            .0 as u32
+    };
+    let prefill = |p: &[u32]| {
+        let mut kv = model.empty_kv().unwrap();
+        let logits = model.forward(p, &mut kv).unwrap().to_vec1::<f32>().unwrap();
+        (kv, argmax(&logits))
+    };
+    // alone
+    let mut alone = Vec::new();
+    for p in prompts {
+        let (mut kv, mut next) = prefill(p);
+        let mut rows = Vec::new();
+        for _ in 0..6 {
+            let logits = model.forward(&[next], &mut kv).unwrap().to_vec1::<f32>().unwrap();
+            next = argmax(&logits);
+            rows.push(logits);
+        }
+        alone.push(rows);
+    }
+    // together
+    let mut seqs: Vec<(Kv, u32)> = prompts.iter().map(|p| prefill(p)).collect();
+    for step in 0..6 {
+        let mut batch: Vec<(u32, &mut Kv)> = seqs.iter_mut().map(|(kv, t)| (*t, kv)).collect();
+        let logits = model.forward_batch(&mut batch).unwrap().to_vec2::<f32>().unwrap();
+        for (i, row) in logits.iter().enumerate() {
+            let want = &alone[i][step];
+            let diff = row
+                .iter()
+                .zip(want)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0f32, f32::max);
+            let scale = want.iter().map(|x| x.abs()).fold(1.0f32, f32::max);
+            assert!(diff <= 1e-3 * scale, "sequence {i} step {step}: logits differ by {diff}");
+            assert_eq!(argmax(row), argmax(want), "sequence {i} step {step}");
+            seqs[i].1 = argmax(row);
+        }
+    }
+    for (i, (kv, _)) in seqs.iter().enumerate() {
+        assert_eq!(kv.len(), prompts[i].len() + 6);
+    }
+}
+
 #[tokio::test]
 async fn cache_hits_do_not_change_greedy_answers() {
     let cached = start(&[]).await;

@@ -261,56 +261,13 @@ impl Llama {
         } else {
             None
         };
-        let rep = self.n_head / self.n_kv_head;
         for (l, layer) in self.layers.iter().enumerate() {
             let h = layer.attn_norm.forward(&x)?;
-            let q = layer
-                .wq
-                .forward(&h)?
-                .reshape((1, n, self.n_head, self.head_dim))?
-                .transpose(1, 2)?;
-            let k = layer
-                .wk
-                .forward(&h)?
-                .reshape((1, n, self.n_kv_head, self.head_dim))?
-                .transpose(1, 2)?;
-            let v = layer
-                .wv
-                .forward(&h)?
-                .reshape((1, n, self.n_kv_head, self.head_dim))?
-                .transpose(1, 2)?
-                .contiguous()?;
-            let q = candle_nn::rotary_emb::rope_i(&q.contiguous()?, &cos, &sin)?;
-            let k = candle_nn::rotary_emb::rope_i(&k.contiguous()?, &cos, &sin)?;
-            let k = Tensor::cat(&[&kv.k[l], &k], 2)?;
-            let v = Tensor::cat(&[&kv.v[l], &v], 2)?;
-            kv.k[l] = k.clone();
-            kv.v[l] = v.clone();
-            let (k, v) = if rep > 1 {
-                let (b, hk, s, d) = k.dims4()?;
-                (
-                    Tensor::cat(&vec![&k; rep], 2)?.reshape((b, hk * rep, s, d))?,
-                    Tensor::cat(&vec![&v; rep], 2)?.reshape((b, hk * rep, s, d))?,
-                )
-            } else {
-                (k, v)
-            };
-            let mut att = (q.matmul(&k.t()?)? / (self.head_dim as f64).sqrt())?;
-            if let Some(m) = &mask {
-                att = att.broadcast_add(m)?;
-            }
-            let att = candle_nn::ops::softmax_last_dim(&att)?;
-            let y = att.matmul(&v.contiguous()?)?.transpose(1, 2)?.reshape((
-                1,
-                n,
-                self.n_head * self.head_dim,
-            ))?;
-            x = (layer.wo.forward(&y)? + &x)?;
-            let h = layer.ffn_norm.forward(&x)?;
-            let ff = layer.down.forward(
-                &(candle_nn::ops::silu(&layer.gate.forward(&h)?)? * layer.up.forward(&h)?)?,
-            )?;
-            x = (ff + &x)?;
+            let (q, k, v) = self.qkv(layer, &h, n)?;
+            let q = candle_nn::rotary_emb::rope_i(&q, &cos, &sin)?;
+            let k = candle_nn::rotary_emb::rope_i(&k, &cos, &sin)?;
+            let y = self.attend(&q, k, v, &mut kv.k[l], &mut kv.v[l], mask.as_ref())?;
+            x = self.feed_forward(layer, &y, &x)?;
         }
         let x = self.norm.forward(&x)?;
         let last = x.i((0, n - 1))?;
@@ -318,5 +275,109 @@ impl Llama {
             .forward(&last.unsqueeze(0)?)?
             .squeeze(0)?
             .to_dtype(DType::F32)
+    }
+
+    /// One decode step for several sequences at once: sequence `i` runs token `steps[i].0`
+    /// after the positions in its own KV `steps[i].1` (appending to it), and row `i` of the
+    /// result (`[sequences, vocab]`) is its logits. The projections and the feed-forward
+    /// multiply all the sequences' rows by each weight matrix in one pass, which is where a
+    /// decode step spends its time (reading the weights); only attention, over each
+    /// sequence's own K/V, runs per sequence.
+    pub fn forward_batch(&self, steps: &mut [(u32, &mut Kv)]) -> Result<Tensor> {
+        let b = steps.len();
+        if b == 0 {
+            candle_core::bail!("an empty batch");
+        }
+        let starts: Vec<usize> = steps.iter().map(|(_, kv)| kv.len()).collect();
+        if starts.iter().any(|&p| p + 1 > MAX_POSITIONS) {
+            candle_core::bail!("a sequence in the batch is at {MAX_POSITIONS} positions");
+        }
+        let tokens: Vec<u32> = steps.iter().map(|(t, _)| *t).collect();
+        let ids = Tensor::new(tokens.as_slice(), &self.device)?.unsqueeze(0)?;
+        let mut x = self.embed.forward(&ids)?;
+        for (l, layer) in self.layers.iter().enumerate() {
+            let h = layer.attn_norm.forward(&x)?;
+            let (q, k, v) = self.qkv(layer, &h, b)?;
+            let mut ys = Vec::with_capacity(b);
+            for (i, (_, kv)) in steps.iter_mut().enumerate() {
+                let (cos, sin) = (
+                    self.cos.narrow(0, starts[i], 1)?,
+                    self.sin.narrow(0, starts[i], 1)?,
+                );
+                let one = |t: &Tensor| t.narrow(2, i, 1)?.contiguous();
+                let qi = candle_nn::rotary_emb::rope_i(&one(&q)?, &cos, &sin)?;
+                let ki = candle_nn::rotary_emb::rope_i(&one(&k)?, &cos, &sin)?;
+                let vi = one(&v)?;
+                ys.push(self.attend(&qi, ki, vi, &mut kv.k[l], &mut kv.v[l], None)?);
+            }
+            let y = Tensor::cat(&ys, 1)?;
+            x = self.feed_forward(layer, &y, &x)?;
+        }
+        let x = self.norm.forward(&x)?.squeeze(0)?;
+        self.output.forward(&x)?.to_dtype(DType::F32)
+    }
+
+    /// Q, K and V of `n` positions' hidden states `h` (`[1, n, hidden]`), each as
+    /// `[1, heads, n, head_dim]`, contiguous.
+    fn qkv(&self, layer: &Layer, h: &Tensor, n: usize) -> Result<(Tensor, Tensor, Tensor)> {
+        let heads = |w: &QMatMul, count: usize| -> Result<Tensor> {
+            w.forward(h)?
+                .reshape((1, n, count, self.head_dim))?
+                .transpose(1, 2)?
+                .contiguous()
+        };
+        Ok((
+            heads(&layer.wq, self.n_head)?,
+            heads(&layer.wk, self.n_kv_head)?,
+            heads(&layer.wv, self.n_kv_head)?,
+        ))
+    }
+
+    /// Appends one sequence's new K/V (`[1, kv_heads, n, head_dim]`, rotary already applied
+    /// to `k`) to its cache, and returns the attention output of its `n` queries over the
+    /// whole cache, `[1, n, hidden]`.
+    fn attend(
+        &self,
+        q: &Tensor,
+        k: Tensor,
+        v: Tensor,
+        cache_k: &mut Tensor,
+        cache_v: &mut Tensor,
+        mask: Option<&Tensor>,
+    ) -> Result<Tensor> {
+        let n = q.dim(2)?;
+        let k = Tensor::cat(&[&*cache_k, &k], 2)?;
+        let v = Tensor::cat(&[&*cache_v, &v], 2)?;
+        *cache_k = k.clone();
+        *cache_v = v.clone();
+        let rep = self.n_head / self.n_kv_head;
+        let (k, v) = if rep > 1 {
+            let (b, hk, s, d) = k.dims4()?;
+            (
+                Tensor::cat(&vec![&k; rep], 2)?.reshape((b, hk * rep, s, d))?,
+                Tensor::cat(&vec![&v; rep], 2)?.reshape((b, hk * rep, s, d))?,
+            )
+        } else {
+            (k, v)
+        };
+        let mut att = (q.matmul(&k.t()?)? / (self.head_dim as f64).sqrt())?;
+        if let Some(m) = mask {
+            att = att.broadcast_add(m)?;
+        }
+        let att = candle_nn::ops::softmax_last_dim(&att)?;
+        att.matmul(&v.contiguous()?)?
+            .transpose(1, 2)?
+            .reshape((1, n, self.n_head * self.head_dim))
+    }
+
+    /// The attention's output projection and the feed-forward block, each with its residual:
+    /// `x + wo(y)`, then that plus the SwiGLU of its norm.
+    fn feed_forward(&self, layer: &Layer, y: &Tensor, x: &Tensor) -> Result<Tensor> {
+        let x = (layer.wo.forward(y)? + x)?;
+        let h = layer.ffn_norm.forward(&x)?;
+        let ff = layer.down.forward(
+            &(candle_nn::ops::silu(&layer.gate.forward(&h)?)? * layer.up.forward(&h)?)?,
+        )?;
+        ff + &x
     }
 }
