@@ -461,6 +461,13 @@ pub fn main() -> anyhow::Result<()> {
             r.decode_tokens_per_s,
             r.bytes_per_block as f64 / (1024.0 * 1024.0)
         );
+        println!(
+            "   {} sequences decoding together: {:.1} tokens/s in all, {:.2}× one sequence's (goal ≥ 4: {})",
+            engine::BATCH,
+            r.batched_decode_tokens_per_s,
+            r.batched_over_single,
+            if r.batched_over_single >= 4.0 { "met" } else { "MISSED" }
+        );
         summary.insert("engine".into(), serde_json::to_value(&r)?);
     }
     write_json(&a.out, "results", &summary)?;

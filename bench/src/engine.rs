@@ -19,8 +19,15 @@ pub struct EngineResult {
     pub rows: Vec<EngineRow>,
     pub prefill_tokens_per_s: f64,
     pub decode_tokens_per_s: f64,
+    /// Output tokens per second of all [`BATCH`] sequences decoding together (the batching
+    /// loop's decode step, `Llama::forward_batch`), and that over `decode_tokens_per_s`.
+    pub batched_decode_tokens_per_s: f64,
+    pub batched_over_single: f64,
     pub bytes_per_block: usize,
 }
+
+/// Sequences in the batched decode measurement (issue 15's goal: 8 concurrent requests).
+pub const BATCH: usize = 8;
 
 /// `ids` must hold at least 8 blocks + 16 tokens.
 pub fn run(model: &Llama, ids: &[u32], block: usize) -> anyhow::Result<EngineResult> {
@@ -65,10 +72,29 @@ pub fn run(model: &Llama, ids: &[u32], block: usize) -> anyhow::Result<EngineRes
         model.forward(&ids[256 + i..257 + i], &mut kv)?;
     }
     let decode = steps as f64 / t.elapsed().as_secs_f64();
+    // batched decode: BATCH sequences, each after its own 256-token prompt, one step at a time
+    let mut kvs = Vec::with_capacity(BATCH);
+    for s in 0..BATCH {
+        let mut kv = model.empty_kv()?;
+        model.forward(&ids[s..256 + s], &mut kv)?;
+        kvs.push(kv);
+    }
+    let t = Instant::now();
+    for i in 0..steps {
+        let mut batch: Vec<(u32, &mut Kv)> = kvs
+            .iter_mut()
+            .enumerate()
+            .map(|(s, kv)| (ids[256 + s + i], kv))
+            .collect();
+        model.forward_batch(&mut batch)?;
+    }
+    let batched = (steps * BATCH) as f64 / t.elapsed().as_secs_f64();
     Ok(EngineResult {
         rows,
         prefill_tokens_per_s: prefill_tokens as f64 / prefill_s,
         decode_tokens_per_s: decode,
+        batched_decode_tokens_per_s: batched,
+        batched_over_single: batched / decode,
         bytes_per_block,
     })
 }

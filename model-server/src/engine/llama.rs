@@ -350,24 +350,26 @@ impl Llama {
         let v = Tensor::cat(&[&*cache_v, &v], 2)?;
         *cache_k = k.clone();
         *cache_v = v.clone();
+        // grouped-query attention without copying K/V once per query head: the `rep` query
+        // heads that share a K/V head (consecutive heads) become `rep × n` rows against it
         let rep = self.n_head / self.n_kv_head;
-        let (k, v) = if rep > 1 {
-            let (b, hk, s, d) = k.dims4()?;
-            (
-                Tensor::cat(&vec![&k; rep], 2)?.reshape((b, hk * rep, s, d))?,
-                Tensor::cat(&vec![&v; rep], 2)?.reshape((b, hk * rep, s, d))?,
-            )
-        } else {
-            (k, v)
+        let hd = self.head_dim;
+        let q = q.reshape((1, self.n_kv_head, rep * n, hd))?;
+        let att = (q.matmul(&k.t()?)? / (hd as f64).sqrt())?;
+        let att = match mask {
+            Some(m) => {
+                let s = att.dim(3)?;
+                att.reshape((1, self.n_kv_head, rep, n, s))?
+                    .broadcast_add(m)?
+                    .reshape((1, self.n_kv_head, rep * n, s))?
+            }
+            None => att,
         };
-        let mut att = (q.matmul(&k.t()?)? / (self.head_dim as f64).sqrt())?;
-        if let Some(m) = mask {
-            att = att.broadcast_add(m)?;
-        }
         let att = candle_nn::ops::softmax_last_dim(&att)?;
-        att.matmul(&v.contiguous()?)?
+        att.matmul(&v)?
+            .reshape((1, self.n_head, n, hd))?
             .transpose(1, 2)?
-            .reshape((1, n, self.n_head * self.head_dim))
+            .reshape((1, n, self.n_head * hd))
     }
 
     /// The attention's output projection and the feed-forward block, each with its residual:
@@ -375,9 +377,9 @@ impl Llama {
     fn feed_forward(&self, layer: &Layer, y: &Tensor, x: &Tensor) -> Result<Tensor> {
         let x = (layer.wo.forward(y)? + x)?;
         let h = layer.ffn_norm.forward(&x)?;
-        let ff = layer.down.forward(
-            &(candle_nn::ops::silu(&layer.gate.forward(&h)?)? * layer.up.forward(&h)?)?,
-        )?;
+        let ff = layer
+            .down
+            .forward(&(candle_nn::ops::silu(&layer.gate.forward(&h)?)? * layer.up.forward(&h)?)?)?;
         ff + &x
     }
 }

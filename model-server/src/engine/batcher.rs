@@ -1,0 +1,307 @@
+//! Continuous batching for the candle engine: the requests running on a pod share forward
+//! passes instead of each running its own.
+//!
+//! A decode step of a 135M-parameter model on a CPU spends its time reading the weights, the
+//! same for one sequence as for eight; so one thread owns the model's compute and, in a loop,
+//! (1) takes in new requests, (2) runs one prefill chunk of the oldest request still
+//! prefilling (at most [`PREFILL_CHUNK`] tokens, so a long prompt delays the others' next
+//! tokens by one chunk, not by its whole prefill), and (3) runs one batched decode step for
+//! every request past its prefill ([`Llama::forward_batch`]). How many requests run at once
+//! is the server's admission (`--max-num-seqs`), as before; the prefix cache's blocks come in
+//! with the request and the new full blocks go out after its prefill, as before.
+//!
+//! Output goes out without ever blocking the loop: a request whose client reads slowly keeps
+//! its pieces in a backlog (at most its `max_tokens`) that is offered again every step.
+
+use super::llama::{Kv, Llama};
+use super::{Emitted, EngineError, FinishReason, GenerateRequest, KvBlock};
+use candle_core::{IndexOp, Tensor};
+use candle_transformers::generation::LogitsProcessor;
+use prefix_core::ModelBundle;
+use std::collections::VecDeque;
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot};
+
+/// Prompt tokens one prefill step computes at most: two 128-token blocks (a chunk boundary
+/// on a block boundary computes the same K/V as a cache hit there would reuse).
+pub const PREFILL_CHUNK: usize = 256;
+
+type Done = oneshot::Sender<Result<FinishReason, EngineError>>;
+
+struct Job {
+    req: GenerateRequest,
+    out: mpsc::Sender<Emitted>,
+    done: Done,
+}
+
+/// The handle requests are submitted through; the loop's thread ends when it is dropped.
+pub struct Batcher {
+    jobs: std::sync::mpsc::Sender<Job>,
+}
+
+/// What the loop needs besides the requests.
+pub struct Model {
+    pub llama: Arc<Llama>,
+    pub bundle: Arc<ModelBundle>,
+    pub eos: Vec<u32>,
+    pub sampler: fn(&GenerateRequest) -> LogitsProcessor,
+}
+
+impl Batcher {
+    pub fn start(model: Model) -> std::io::Result<Batcher> {
+        let (jobs, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("candle-batcher".into())
+            .spawn(move || run(&model, &rx))?;
+        Ok(Batcher { jobs })
+    }
+
+    /// Queues a request; the receiver says how it ended once all its output was handed over.
+    pub fn submit(
+        &self,
+        req: GenerateRequest,
+        out: mpsc::Sender<Emitted>,
+    ) -> oneshot::Receiver<Result<FinishReason, EngineError>> {
+        let (done, rx) = oneshot::channel();
+        if let Err(e) = self.jobs.send(Job { req, out, done }) {
+            let _ =
+                e.0.done
+                    .send(Err(EngineError::Failed("the engine thread stopped".into())));
+        }
+        rx
+    }
+}
+
+fn failed(e: impl std::fmt::Display) -> EngineError {
+    EngineError::Failed(e.to_string())
+}
+
+/// One request in the loop.
+struct Seq {
+    req: GenerateRequest,
+    kv: Kv,
+    /// Prompt tokens computed so far (cached ones included).
+    computed: usize,
+    /// Logits of the last position computed, once the prompt is done.
+    logits: Option<Tensor>,
+    sampler: LogitsProcessor,
+    generated: Vec<u32>,
+    text: String,
+    out: mpsc::Sender<Emitted>,
+    backlog: VecDeque<Emitted>,
+    done: Option<Done>,
+    /// Set once the request has ended; it leaves the loop when its backlog is handed over.
+    ended: Option<Result<FinishReason, EngineError>>,
+}
+
+impl Seq {
+    fn new(model: &Model, job: Job, kv: Kv) -> Seq {
+        Seq {
+            computed: kv.len(),
+            kv,
+            logits: None,
+            sampler: (model.sampler)(&job.req),
+            generated: Vec::new(),
+            text: String::new(),
+            backlog: VecDeque::new(),
+            req: job.req,
+            out: job.out,
+            done: Some(job.done),
+            ended: None,
+        }
+    }
+
+    fn prefilled(&self) -> bool {
+        self.logits.is_some()
+    }
+
+    /// Computes the next chunk of the prompt; after the last one, hands the prompt's new full
+    /// blocks to the cache.
+    fn prefill_chunk(&mut self, llama: &Llama) -> Result<(), EngineError> {
+        let prompt = Arc::clone(&self.req.prompt_tokens);
+        let end = (self.computed + PREFILL_CHUNK).min(prompt.len());
+        let chunk = prompt.get(self.computed..end).unwrap_or_default();
+        let logits = llama.forward(chunk, &mut self.kv).map_err(failed)?;
+        self.computed = end;
+        if end < prompt.len() {
+            return Ok(());
+        }
+        let bs = self.req.block_size;
+        let blocks: Vec<KvBlock> = (self.req.cached_kv.len()..prompt.len() / bs)
+            .map(|b| self.kv.slice(b * bs, bs).map(Arc::new))
+            .collect::<Result<_, _>>()
+            .map_err(failed)?;
+        self.req.cached_kv.clear(); // the cache's copies are not needed any longer
+        self.backlog.push_back(Emitted::Blocks(blocks));
+        self.logits = Some(logits);
+        Ok(())
+    }
+
+    /// Samples the next token from the last logits and queues its text; `Some(token)` when
+    /// the request goes on (the token is then the next decode step's input).
+    fn sample(&mut self, model: &Model) -> Result<Option<u32>, EngineError> {
+        let Some(logits) = &self.logits else {
+            return Ok(None);
+        };
+        if self.generated.len() >= self.req.max_tokens as usize {
+            self.ended = Some(Ok(FinishReason::Length));
+            return Ok(None);
+        }
+        let next = self.sampler.sample(logits).map_err(failed)?;
+        if model.eos.contains(&next) {
+            self.ended = Some(Ok(FinishReason::Stop));
+            return Ok(None);
+        }
+        self.generated.push(next);
+        let decoded = model
+            .bundle
+            .tokenizer()
+            .decode(&self.generated)
+            .map_err(failed)?;
+        // hold back an incomplete UTF-8 character until the next token completes it
+        let piece = if decoded.ends_with('\u{fffd}') {
+            String::new()
+        } else {
+            decoded[self.text.len().min(decoded.len())..].to_owned()
+        };
+        self.text.push_str(&piece);
+        let piece_len = piece.len();
+        self.backlog.push_back(Emitted::Token(piece));
+        if self.req.stop.reached(&self.text, piece_len) {
+            self.ended = Some(Ok(FinishReason::Stop));
+            return Ok(None);
+        }
+        if self.generated.len() >= self.req.max_tokens as usize
+            || self.kv.len() + 1 >= super::llama::MAX_POSITIONS
+        {
+            self.ended = Some(Ok(FinishReason::Length));
+            return Ok(None);
+        }
+        Ok(Some(next))
+    }
+
+    /// Offers the backlog to the request's channel; `false` once the client has gone.
+    fn flush(&mut self) -> bool {
+        while let Some(e) = self.backlog.pop_front() {
+            match self.out.try_send(e) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(e)) => {
+                    self.backlog.push_front(e);
+                    return true;
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => return false,
+            }
+        }
+        true
+    }
+
+    fn end(&mut self, result: Result<FinishReason, EngineError>) {
+        if self.ended.is_none() {
+            self.ended = Some(result);
+        }
+    }
+
+    /// Whether the request is over and all it produced was handed over (then `done` is sent).
+    fn finish_if_over(&mut self) -> bool {
+        if !self.flush() {
+            self.ended = Some(Err(EngineError::Cancelled));
+            self.backlog.clear();
+        }
+        if self.ended.is_none() || !self.backlog.is_empty() {
+            return false;
+        }
+        if let (Some(done), Some(result)) = (self.done.take(), self.ended.take()) {
+            let _ = done.send(result);
+        }
+        true
+    }
+}
+
+fn run(model: &Model, jobs: &std::sync::mpsc::Receiver<Job>) {
+    let mut seqs: Vec<Seq> = Vec::new();
+    loop {
+        // (1) new requests: wait for one when idle
+        if seqs.is_empty() {
+            match jobs.recv() {
+                Ok(job) => admit(model, job, &mut seqs),
+                Err(_) => return,
+            }
+        }
+        while let Ok(job) = jobs.try_recv() {
+            admit(model, job, &mut seqs);
+        }
+        // (2) one prefill chunk, oldest first
+        if let Some(seq) = seqs
+            .iter_mut()
+            .find(|s| !s.prefilled() && s.ended.is_none())
+        {
+            if let Err(e) = seq.prefill_chunk(&model.llama) {
+                seq.end(Err(e));
+            }
+        }
+        // (3) one decode step for every request past its prefill
+        let mut batch: Vec<(u32, usize)> = Vec::new();
+        for (i, seq) in seqs.iter_mut().enumerate() {
+            if seq.ended.is_some() || !seq.prefilled() {
+                continue;
+            }
+            match seq.sample(model) {
+                Ok(Some(next)) => batch.push((next, i)),
+                Ok(None) => {}
+                Err(e) => seq.end(Err(e)),
+            }
+        }
+        if !batch.is_empty() {
+            decode(model, &batch, &mut seqs);
+        }
+        seqs.retain_mut(|s| !s.finish_if_over());
+    }
+}
+
+fn admit(model: &Model, job: Job, seqs: &mut Vec<Seq>) {
+    match cached_kv(model, &job.req) {
+        Ok(kv) => seqs.push(Seq::new(model, job, kv)),
+        Err(e) => {
+            let _ = job.done.send(Err(e));
+        }
+    }
+}
+
+/// The K/V of the request's cached blocks, in one piece.
+fn cached_kv(model: &Model, req: &GenerateRequest) -> Result<Kv, EngineError> {
+    let cached: Vec<&Kv> = req.cached_kv.iter().map(|kv| &**kv).collect();
+    let kv = match Kv::concat(&cached).map_err(failed)? {
+        Some(kv) => kv,
+        None => model.llama.empty_kv().map_err(failed)?,
+    };
+    if kv.len() != req.cached_tokens {
+        return Err(failed(format!(
+            "cache gave {} positions for {} cached tokens",
+            kv.len(),
+            req.cached_tokens
+        )));
+    }
+    Ok(kv)
+}
+
+/// Runs the batch's tokens (`(token, index into seqs)`) in one step and stores each
+/// sequence's new logits; a failed step ends every sequence in it.
+fn decode(model: &Model, batch: &[(u32, usize)], seqs: &mut [Seq]) {
+    let wanted: Vec<usize> = batch.iter().map(|&(_, i)| i).collect();
+    let mut steps: Vec<(u32, &mut Kv)> = Vec::with_capacity(batch.len());
+    for (i, seq) in seqs.iter_mut().enumerate() {
+        if let Some(&(token, _)) = batch.iter().find(|&&(_, j)| j == i) {
+            steps.push((token, &mut seq.kv));
+        }
+    }
+    let result = model.llama.forward_batch(&mut steps);
+    drop(steps);
+    for (row, &i) in wanted.iter().enumerate() {
+        let Some(seq) = seqs.get_mut(i) else { continue };
+        match result.as_ref().map(|l| l.i(row)) {
+            Ok(Ok(logits)) => seq.logits = Some(logits),
+            Ok(Err(e)) => seq.end(Err(failed(e))),
+            Err(e) => seq.end(Err(failed(e))),
+        }
+    }
+}
