@@ -295,20 +295,28 @@ impl Llama {
         let tokens: Vec<u32> = steps.iter().map(|(t, _)| *t).collect();
         let ids = Tensor::new(tokens.as_slice(), &self.device)?.unsqueeze(0)?;
         let mut x = self.embed.forward(&ids)?;
+        // each row's rotary angles at its own position (rows stand where positions do in a
+        // prompt's forward)
+        let positions: Vec<u32> = starts.iter().map(|&p| p as u32).collect();
+        let positions = Tensor::new(positions.as_slice(), &self.device)?;
+        let cos = self.cos.index_select(&positions, 0)?;
+        let sin = self.sin.index_select(&positions, 0)?;
         for (l, layer) in self.layers.iter().enumerate() {
             let h = layer.attn_norm.forward(&x)?;
             let (q, k, v) = self.qkv(layer, &h, b)?;
+            let q = candle_nn::rotary_emb::rope_i(&q, &cos, &sin)?;
+            let k = candle_nn::rotary_emb::rope_i(&k, &cos, &sin)?;
             let mut ys = Vec::with_capacity(b);
             for (i, (_, kv)) in steps.iter_mut().enumerate() {
-                let (cos, sin) = (
-                    self.cos.narrow(0, starts[i], 1)?,
-                    self.sin.narrow(0, starts[i], 1)?,
-                );
                 let one = |t: &Tensor| t.narrow(2, i, 1)?.contiguous();
-                let qi = candle_nn::rotary_emb::rope_i(&one(&q)?, &cos, &sin)?;
-                let ki = candle_nn::rotary_emb::rope_i(&one(&k)?, &cos, &sin)?;
-                let vi = one(&v)?;
-                ys.push(self.attend(&qi, ki, vi, &mut kv.k[l], &mut kv.v[l], None)?);
+                ys.push(self.attend(
+                    &one(&q)?,
+                    one(&k)?,
+                    one(&v)?,
+                    &mut kv.k[l],
+                    &mut kv.v[l],
+                    None,
+                )?);
             }
             let y = Tensor::cat(&ys, 1)?;
             x = self.feed_forward(layer, &y, &x)?;
@@ -366,8 +374,12 @@ impl Llama {
             None => att,
         };
         let att = candle_nn::ops::softmax_last_dim(&att)?;
-        att.matmul(&v)?
-            .reshape((1, self.n_head, n, hd))?
+        let y = att.matmul(&v)?;
+        if n == 1 {
+            // one position: heads are already in order, no transpose (and no copy) needed
+            return y.reshape((1, 1, self.n_head * hd));
+        }
+        y.reshape((1, self.n_head, n, hd))?
             .transpose(1, 2)?
             .reshape((1, n, self.n_head * hd))
     }
