@@ -469,6 +469,21 @@ pub fn main() -> anyhow::Result<()> {
             if r.batched_over_single >= 4.0 { "met" } else { "MISSED" }
         );
         summary.insert("engine".into(), serde_json::to_value(&r)?);
+        let c = engine::concurrency(
+            &ids,
+            &test_harness::cluster::run_dir("bench-engine-concurrency"),
+        )?;
+        println!(
+            "   over HTTP, one pod (--max-num-seqs {n}), {}-token prompts, up to {} tokens each: one request {:.1} tokens/s, {n} at once {:.1} tokens/s in all, {:.2}× (goal ≥ 4: {})",
+            c.prompt_tokens,
+            c.max_tokens,
+            c.alone_tokens_per_s,
+            c.together_tokens_per_s,
+            c.ratio,
+            if c.ratio >= 4.0 { "met" } else { "MISSED" },
+            n = engine::BATCH,
+        );
+        summary.insert("engine_concurrency".into(), serde_json::to_value(&c)?);
     }
     write_json(&a.out, "results", &summary)?;
     println!("results written to {}", a.out.display());

@@ -98,3 +98,60 @@ pub fn run(model: &Llama, ids: &[u32], block: usize) -> anyhow::Result<EngineRes
         bytes_per_block,
     })
 }
+
+/// One candle pod over HTTP: output tokens per second of one request alone, and of
+/// [`BATCH`] different requests sent at once (the batching loop's effect end to end:
+/// admission, chunked prefill, batched decode, streaming the answers back).
+#[derive(Debug, Serialize)]
+pub struct Concurrency {
+    pub prompt_tokens: usize,
+    pub max_tokens: u32,
+    pub alone_tokens_per_s: f64,
+    pub together_tokens_per_s: f64,
+    pub ratio: f64,
+}
+
+/// `ids` must hold at least `BATCH + 32` tokens.
+pub fn concurrency(ids: &[u32], dir: &std::path::Path) -> anyhow::Result<Concurrency> {
+    let max = BATCH.to_string();
+    let pods =
+        test_harness::cluster::start_pods(1, &["--engine", "candle", "--max-num-seqs", &max], dir)?;
+    let url = format!("http://{}/v1/completions", pods[0].addr);
+    let http = test_harness::cluster::client();
+    let (prompt_tokens, max_tokens) = (32usize, 48u32);
+    // completion tokens of one request (the model may end before max_tokens)
+    let send = |i: usize| -> anyhow::Result<u64> {
+        let body = serde_json::json!({
+            "prompt": &ids[i..i + prompt_tokens],
+            "max_tokens": max_tokens,
+        });
+        let v: serde_json::Value = http
+            .post(&url)
+            .json(&body)
+            .send()?
+            .error_for_status()?
+            .json()?;
+        v["usage"]["completion_tokens"]
+            .as_u64()
+            .ok_or_else(|| anyhow::anyhow!("no usage in {v}"))
+    };
+    send(BATCH)?; // warm-up (first use of every buffer)
+    let t = Instant::now();
+    let alone = send(0)? as f64 / t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let together: u64 = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..BATCH).map(|i| s.spawn(move || send(i))).collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().map_err(|_| anyhow::anyhow!("a sender panicked"))?)
+            .sum::<anyhow::Result<u64>>()
+    })?;
+    let together = together as f64 / t.elapsed().as_secs_f64();
+    Ok(Concurrency {
+        prompt_tokens,
+        max_tokens,
+        alone_tokens_per_s: alone,
+        together_tokens_per_s: together,
+        ratio: together / alone,
+    })
+}

@@ -3,10 +3,11 @@
 //!
 //! A decode step of a 135M-parameter model on a CPU spends its time reading the weights, the
 //! same for one sequence as for eight; so one thread owns the model's compute and, in a loop,
-//! (1) takes in new requests, (2) runs one prefill chunk of the oldest request still
-//! prefilling (at most [`PREFILL_CHUNK`] tokens, so a long prompt delays the others' next
-//! tokens by one chunk, not by its whole prefill), and (3) runs one batched decode step for
-//! every request past its prefill ([`Llama::forward_batch`]). How many requests run at once
+//! (1) takes in new requests, (2) prefills the requests still prefilling, oldest first, up to
+//! [`PREFILL_CHUNK`] prompt tokens in all (so a long prompt delays the others' next tokens by
+//! one chunk, not by its whole prefill, and several short ones start together), and (3) runs
+//! one batched decode step for every request past its prefill ([`Llama::forward_batch`],
+//! which spreads the sequences' attention over the cores). How many requests run at once
 //! is the server's admission (`--max-num-seqs`), as before; the prefix cache's blocks come in
 //! with the request and the new full blocks go out after its prefill, as before.
 //!
@@ -22,8 +23,8 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
-/// Prompt tokens one prefill step computes at most: two 128-token blocks (a chunk boundary
-/// on a block boundary computes the same K/V as a cache hit there would reuse).
+/// Prompt tokens one turn of the loop prefills at most: two 128-token blocks (a request's
+/// first chunk boundary then falls on a block boundary, where a cache hit would resume).
 pub const PREFILL_CHUNK: usize = 256;
 
 type Done = oneshot::Sender<Result<FinishReason, EngineError>>;
@@ -117,16 +118,33 @@ impl Seq {
 
     /// Computes the next chunk of the prompt; after the last one, hands the prompt's new full
     /// blocks to the cache.
-    fn prefill_chunk(&mut self, llama: &Llama) -> Result<(), EngineError> {
+    fn prefill_chunk(
+        &mut self,
+        llama: &Llama,
+        budget: usize,
+        first: bool,
+    ) -> Result<usize, EngineError> {
         let prompt = Arc::clone(&self.req.prompt_tokens);
-        let end = (self.computed + PREFILL_CHUNK).min(prompt.len());
+        let start = self.computed;
+        let bs = self.req.block_size.max(1);
+        // a chunk that does not finish the prompt ends on a block boundary, where a cache hit
+        // would resume: the K/V computed are then those the cached-vs-uncached tests compare
+        // the turn's first chunk takes a whole block even when blocks exceed the budget
+        let budget = if first { budget.max(bs) } else { budget };
+        let end = if start + budget >= prompt.len() {
+            prompt.len()
+        } else {
+            (start + budget) / bs * bs
+        };
+        if end <= start {
+            return Ok(0); // no whole block fits in what is left of this turn
+        }
         let chunk = prompt.get(self.computed..end).unwrap_or_default();
         let logits = llama.forward(chunk, &mut self.kv).map_err(failed)?;
         self.computed = end;
         if end < prompt.len() {
-            return Ok(());
+            return Ok(end - start);
         }
-        let bs = self.req.block_size;
         let blocks: Vec<KvBlock> = (self.req.cached_kv.len()..prompt.len() / bs)
             .map(|b| self.kv.slice(b * bs, bs).map(Arc::new))
             .collect::<Result<_, _>>()
@@ -134,7 +152,7 @@ impl Seq {
         self.req.cached_kv.clear(); // the cache's copies are not needed any longer
         self.backlog.push_back(Emitted::Blocks(blocks));
         self.logits = Some(logits);
-        Ok(())
+        Ok(end - start)
     }
 
     /// Samples the next token from the last logits and queues its text; `Some(token)` when
@@ -230,13 +248,18 @@ fn run(model: &Model, jobs: &std::sync::mpsc::Receiver<Job>) {
         while let Ok(job) = jobs.try_recv() {
             admit(model, job, &mut seqs);
         }
-        // (2) one prefill chunk, oldest first
-        if let Some(seq) = seqs
+        // (2) prefill, oldest first, up to PREFILL_CHUNK prompt tokens in all
+        let mut budget = PREFILL_CHUNK;
+        for seq in seqs
             .iter_mut()
-            .find(|s| !s.prefilled() && s.ended.is_none())
+            .filter(|s| !s.prefilled() && s.ended.is_none())
         {
-            if let Err(e) = seq.prefill_chunk(&model.llama) {
-                seq.end(Err(e));
+            if budget == 0 {
+                break;
+            }
+            match seq.prefill_chunk(&model.llama, budget, budget == PREFILL_CHUNK) {
+                Ok(used) => budget -= used.min(budget),
+                Err(e) => seq.end(Err(e)),
             }
         }
         // (3) one decode step for every request past its prefill

@@ -10,6 +10,7 @@
 use candle_core::quantized::{gguf_file, QMatMul};
 use candle_core::{DType, Device, IndexOp, Module, Result, Tensor};
 use candle_nn::Embedding;
+use rayon::prelude::*;
 
 /// Longest position the rotary tables cover.
 pub const MAX_POSITIONS: usize = 8192;
@@ -306,18 +307,23 @@ impl Llama {
             let (q, k, v) = self.qkv(layer, &h, b)?;
             let q = candle_nn::rotary_emb::rope_i(&q, &cos, &sin)?;
             let k = candle_nn::rotary_emb::rope_i(&k, &cos, &sin)?;
-            let mut ys = Vec::with_capacity(b);
-            for (i, (_, kv)) in steps.iter_mut().enumerate() {
-                let one = |t: &Tensor| t.narrow(2, i, 1)?.contiguous();
-                ys.push(self.attend(
-                    &one(&q)?,
-                    one(&k)?,
-                    one(&v)?,
-                    &mut kv.k[l],
-                    &mut kv.v[l],
-                    None,
-                )?);
-            }
+            // each sequence's attention over its own K/V: small operations, so the sequences
+            // are spread over the cores (the projections' matmuls use every core already)
+            let ys: Vec<Tensor> = steps
+                .par_iter_mut()
+                .enumerate()
+                .map(|(i, (_, kv))| {
+                    let one = |t: &Tensor| t.narrow(2, i, 1)?.contiguous();
+                    self.attend(
+                        &one(&q)?,
+                        one(&k)?,
+                        one(&v)?,
+                        &mut kv.k[l],
+                        &mut kv.v[l],
+                        None,
+                    )
+                })
+                .collect::<Result<_>>()?;
             let y = Tensor::cat(&ys, 1)?;
             x = self.feed_forward(layer, &y, &x)?;
         }
