@@ -49,13 +49,27 @@ async fn tokens(s: &Server, text: &str) -> Vec<u64> {
         .collect()
 }
 
-#[test]
-fn logits_with_cached_blocks_equal_full_prefill() {
+/// The real model and the token ids of `copies` runbooks.
+fn model_and_runbook(copies: usize) -> (Llama, Vec<u32>) {
     let model = Llama::load(&default_model_file()).expect("run scripts/setup.sh");
     let bundle_json =
         std::fs::read(model_server::config::default_model_dir().join("tokenizer.json")).unwrap();
     let tok = prefix_core::tokenizer::Tokenizer::from_json_bytes(&bundle_json).unwrap();
-    let ids = tok.encode(&format!("{RUNBOOK}{RUNBOOK}{RUNBOOK}")).unwrap();
+    (model, tok.encode(&RUNBOOK.repeat(copies)).unwrap())
+}
+
+/// The index of the largest logit (greedy's choice).
+fn argmax(v: &[f32]) -> u32 {
+    v.iter()
+        .enumerate()
+        .max_by(|x, y| x.1.total_cmp(y.1))
+        .unwrap()
+        .0 as u32
+}
+
+#[test]
+fn logits_with_cached_blocks_equal_full_prefill() {
+    let (model, ids) = model_and_runbook(3);
     let ids = &ids[..300];
 
     let mut full = model.empty_kv().unwrap();
@@ -89,13 +103,6 @@ fn logits_with_cached_blocks_equal_full_prefill() {
         max_diff <= 1e-3 * scale.max(1.0),
         "logits differ by {max_diff} (scale {scale})"
     );
-    let argmax = |v: &[f32]| {
-        v.iter()
-            .enumerate()
-            .max_by(|x, y| x.1.total_cmp(y.1))
-            .unwrap()
-            .0
-    };
     assert_eq!(argmax(&a), argmax(&b));
     println!(
         "max |Δlogit| = {max_diff} (max |logit| {scale}); a block holds {} KiB",
@@ -107,20 +114,9 @@ fn logits_with_cached_blocks_equal_full_prefill() {
 /// pod that batches answers exactly as one that does not (greedy).
 #[test]
 fn a_batched_decode_step_equals_each_sequence_alone() {
-    let model = Llama::load(&default_model_file()).expect("run scripts/setup.sh");
-    let bundle_json =
-        std::fs::read(model_server::config::default_model_dir().join("tokenizer.json")).unwrap();
-    let tok = prefix_core::tokenizer::Tokenizer::from_json_bytes(&bundle_json).unwrap();
-    let ids = tok.encode(&format!("{RUNBOOK}{RUNBOOK}")).unwrap();
+    let (model, ids) = model_and_runbook(2);
     // three sequences of different lengths, so each attends over its own number of positions
     let prompts = [&ids[..40], &ids[5..70], &ids[11..23]];
-    let argmax = |v: &[f32]| {
-        v.iter()
-            .enumerate()
-            .max_by(|x, y| x.1.total_cmp(y.1))
-            .unwrap()
-            .0 as u32
-    };
     let prefill = |p: &[u32]| {
         let mut kv = model.empty_kv().unwrap();
         let logits = model.forward(p, &mut kv).unwrap().to_vec1::<f32>().unwrap();
