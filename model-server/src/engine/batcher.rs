@@ -53,7 +53,7 @@ impl Batcher {
         let (jobs, rx) = std::sync::mpsc::channel();
         std::thread::Builder::new()
             .name("candle-batcher".into())
-            .spawn(move || run(&model, &rx))?;
+            .spawn(move || supervise(&model, &rx))?;
         Ok(Batcher { jobs })
     }
 
@@ -177,10 +177,14 @@ impl Seq {
             .decode(&self.generated)
             .map_err(failed)?;
         // hold back an incomplete UTF-8 character until the next token completes it
+        // (and never cut inside a character, should decoding have changed earlier text)
         let piece = if decoded.ends_with('\u{fffd}') {
             String::new()
         } else {
-            decoded[self.text.len().min(decoded.len())..].to_owned()
+            decoded
+                .get(self.text.len()..)
+                .unwrap_or_default()
+                .to_owned()
         };
         self.text.push_str(&piece);
         let piece_len = piece.len();
@@ -232,6 +236,16 @@ impl Seq {
             let _ = done.send(result);
         }
         true
+    }
+}
+
+/// Runs the loop until the [`Batcher`] is dropped. Should a step panic (a bug, say a tensor
+/// shape), the requests in the loop fail (their `done` is dropped: "the engine thread
+/// stopped") and the loop starts again for the next ones, instead of the pod failing every
+/// request from then on.
+fn supervise(model: &Model, jobs: &std::sync::mpsc::Receiver<Job>) {
+    while std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(model, jobs))).is_err() {
+        tracing::error!("the candle engine's loop panicked; its requests failed, restarting it");
     }
 }
 
