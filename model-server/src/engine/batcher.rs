@@ -277,19 +277,19 @@ fn run(model: &Model, jobs: &std::sync::mpsc::Receiver<Job>) {
             }
         }
         // (3) one decode step for every request past its prefill
-        let mut batch: Vec<(u32, usize)> = Vec::new();
-        for (i, seq) in seqs.iter_mut().enumerate() {
+        let mut batch: Vec<(u32, &mut Seq)> = Vec::new();
+        for seq in seqs.iter_mut() {
             if seq.ended.is_some() || !seq.prefilled() {
                 continue;
             }
             match seq.sample(model) {
-                Ok(Some(next)) => batch.push((next, i)),
+                Ok(Some(next)) => batch.push((next, seq)),
                 Ok(None) => {}
                 Err(e) => seq.end(Err(e)),
             }
         }
         if !batch.is_empty() {
-            decode(model, &batch, &mut seqs);
+            decode(model, &mut batch);
         }
         seqs.retain_mut(|s| !s.finish_if_over());
     }
@@ -321,20 +321,16 @@ fn cached_kv(model: &Model, req: &GenerateRequest) -> Result<Kv, EngineError> {
     Ok(kv)
 }
 
-/// Runs the batch's tokens (`(token, index into seqs)`) in one step and stores each
-/// sequence's new logits; a failed step ends every sequence in it.
-fn decode(model: &Model, batch: &[(u32, usize)], seqs: &mut [Seq]) {
-    let wanted: Vec<usize> = batch.iter().map(|&(_, i)| i).collect();
-    let mut steps: Vec<(u32, &mut Kv)> = Vec::with_capacity(batch.len());
-    for (i, seq) in seqs.iter_mut().enumerate() {
-        if let Some(&(token, _)) = batch.iter().find(|&&(_, j)| j == i) {
-            steps.push((token, &mut seq.kv));
-        }
-    }
+/// Runs each sequence's next token in one step and stores its new logits; a failed step ends
+/// every sequence in it.
+fn decode(model: &Model, batch: &mut [(u32, &mut Seq)]) {
+    let mut steps: Vec<(u32, &mut Kv)> = batch
+        .iter_mut()
+        .map(|(token, seq)| (*token, &mut seq.kv))
+        .collect();
     let result = model.llama.forward_batch(&mut steps);
     drop(steps);
-    for (row, &i) in wanted.iter().enumerate() {
-        let Some(seq) = seqs.get_mut(i) else { continue };
+    for (row, (_, seq)) in batch.iter_mut().enumerate() {
         match result.as_ref().map(|l| l.i(row)) {
             Ok(Ok(logits)) => seq.logits = Some(logits),
             Ok(Err(e)) => seq.end(Err(failed(e))),
