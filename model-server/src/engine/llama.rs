@@ -38,28 +38,35 @@ struct Layer {
     ffn_norm: RmsNorm,
 }
 
-/// Per-layer K and V, each `[1, kv_heads, positions, head_dim]`.
+/// Per-layer K and V of the first `len` positions, each tensor `[1, kv_heads, capacity,
+/// head_dim]`. A sequence being computed keeps room beyond `len` (see [`Kv::append`]), so a
+/// decode step writes one position in place instead of copying all of them; a block cut out
+/// for the cache ([`Kv::slice`]) holds exactly its positions.
 #[derive(Clone, Debug)]
 pub struct Kv {
-    pub k: Vec<Tensor>,
-    pub v: Vec<Tensor>,
+    k: Vec<Tensor>,
+    v: Vec<Tensor>,
+    len: usize,
 }
+
+/// Positions of room a growing K/V gets at least, beyond what it needs.
+const HEADROOM: usize = 64;
 
 impl Kv {
     /// Number of positions held.
     pub fn len(&self) -> usize {
-        self.k
-            .first()
-            .and_then(|t| t.dims().get(2).copied())
-            .unwrap_or(0)
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len() == 0
+        self.len == 0
     }
 
     /// Positions `start..start+len` as their own (contiguous) KV.
     pub fn slice(&self, start: usize, len: usize) -> Result<Kv> {
+        if start + len > self.len {
+            candle_core::bail!("positions {start}..{} of {}", start + len, self.len);
+        }
         let cut = |ts: &[Tensor]| -> Result<Vec<Tensor>> {
             ts.iter()
                 .map(|t| t.narrow(2, start, len)?.contiguous())
@@ -68,6 +75,7 @@ impl Kv {
         Ok(Kv {
             k: cut(&self.k)?,
             v: cut(&self.v)?,
+            len,
         })
     }
 
@@ -79,26 +87,70 @@ impl Kv {
         let layers = first.k.len();
         let mut k = Vec::with_capacity(layers);
         let mut v = Vec::with_capacity(layers);
+        let held = |b: &Kv, t: &Tensor| t.narrow(2, 0, b.len);
         for l in 0..layers {
-            k.push(Tensor::cat(
-                &blocks.iter().map(|b| &b.k[l]).collect::<Vec<_>>(),
-                2,
-            )?);
-            v.push(Tensor::cat(
-                &blocks.iter().map(|b| &b.v[l]).collect::<Vec<_>>(),
-                2,
-            )?);
+            let ks = blocks
+                .iter()
+                .map(|b| held(b, &b.k[l]))
+                .collect::<Result<Vec<_>>>()?;
+            let vs = blocks
+                .iter()
+                .map(|b| held(b, &b.v[l]))
+                .collect::<Result<Vec<_>>>()?;
+            k.push(Tensor::cat(&ks, 2)?);
+            v.push(Tensor::cat(&vs, 2)?);
         }
-        Ok(Some(Kv { k, v }))
+        let len = blocks.iter().map(|b| b.len).sum();
+        Ok(Some(Kv { k, v, len }))
     }
 
-    /// Bytes held (f32).
+    /// Bytes of the positions held (f32).
     pub fn bytes(&self) -> usize {
         self.k
             .iter()
             .chain(&self.v)
-            .map(|t| t.elem_count() * 4)
+            .map(|t| match t.dims() {
+                [_, heads, _, dim] => heads * dim * self.len * 4,
+                _ => 0,
+            })
             .sum()
+    }
+
+    /// Writes layer `l`'s K and V of `n` new positions (`[1, kv_heads, n, head_dim]`) after
+    /// the `len` held, growing the room when needed (by a quarter, at least [`HEADROOM`]
+    /// positions: a copy every so many steps instead of every step), and returns K and V of
+    /// all `len + n` positions. `len` itself moves on with [`Kv::advance`], once every layer
+    /// has its positions.
+    fn append(&mut self, l: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        let n = k.dim(2)?;
+        let need = self.len + n;
+        let len = self.len;
+        let grow = |t: &mut Tensor| -> Result<()> {
+            let (b, heads, cap, dim) = t.dims4()?;
+            if cap >= need {
+                return Ok(());
+            }
+            let room = (need + (need / 4).max(HEADROOM)).min(MAX_POSITIONS.max(need));
+            let bigger = Tensor::zeros((b, heads, room, dim), t.dtype(), t.device())?;
+            if len > 0 {
+                bigger.slice_set(&t.narrow(2, 0, len)?.contiguous()?, 2, 0)?;
+            }
+            *t = bigger;
+            Ok(())
+        };
+        let (Some(ck), Some(cv)) = (self.k.get_mut(l), self.v.get_mut(l)) else {
+            candle_core::bail!("no layer {l} in this K/V");
+        };
+        grow(ck)?;
+        grow(cv)?;
+        ck.slice_set(&k.contiguous()?, 2, len)?;
+        cv.slice_set(&v.contiguous()?, 2, len)?;
+        Ok((ck.narrow(2, 0, need)?, cv.narrow(2, 0, need)?))
+    }
+
+    /// After every layer appended `n` positions.
+    fn advance(&mut self, n: usize) {
+        self.len += n;
     }
 }
 
@@ -230,6 +282,7 @@ impl Llama {
         Ok(Kv {
             k: vec![empty.clone(); self.layers.len()],
             v: vec![empty; self.layers.len()],
+            len: 0,
         })
     }
 
@@ -267,9 +320,11 @@ impl Llama {
             let (q, k, v) = self.qkv(layer, &h, n)?;
             let q = candle_nn::rotary_emb::rope_i(&q, &cos, &sin)?;
             let k = candle_nn::rotary_emb::rope_i(&k, &cos, &sin)?;
-            let y = self.attend(&q, k, v, &mut kv.k[l], &mut kv.v[l], mask.as_ref())?;
+            let (k, v) = kv.append(l, &k, &v)?;
+            let y = self.attend(&q, &k, &v, mask.as_ref())?;
             x = self.feed_forward(layer, &y, &x)?;
         }
+        kv.advance(n);
         let x = self.norm.forward(&x)?;
         let last = x.i((0, n - 1))?;
         self.output
@@ -314,18 +369,15 @@ impl Llama {
                 .enumerate()
                 .map(|(i, (_, kv))| {
                     let one = |t: &Tensor| t.narrow(2, i, 1)?.contiguous();
-                    self.attend(
-                        &one(&q)?,
-                        one(&k)?,
-                        one(&v)?,
-                        &mut kv.k[l],
-                        &mut kv.v[l],
-                        None,
-                    )
+                    let (k, v) = kv.append(l, &one(&k)?, &one(&v)?)?;
+                    self.attend(&one(&q)?, &k, &v, None)
                 })
                 .collect::<Result<_>>()?;
             let y = Tensor::cat(&ys, 1)?;
             x = self.feed_forward(layer, &y, &x)?;
+        }
+        for (_, kv) in steps.iter_mut() {
+            kv.advance(1);
         }
         let x = self.norm.forward(&x)?.squeeze(0)?;
         self.output.forward(&x)?.to_dtype(DType::F32)
@@ -347,23 +399,11 @@ impl Llama {
         ))
     }
 
-    /// Appends one sequence's new K/V (`[1, kv_heads, n, head_dim]`, rotary already applied
-    /// to `k`) to its cache, and returns the attention output of its `n` queries over the
-    /// whole cache, `[1, n, hidden]`.
-    fn attend(
-        &self,
-        q: &Tensor,
-        k: Tensor,
-        v: Tensor,
-        cache_k: &mut Tensor,
-        cache_v: &mut Tensor,
-        mask: Option<&Tensor>,
-    ) -> Result<Tensor> {
+    /// The attention output of one sequence's `n` queries (`[1, heads, n, head_dim]`, rotary
+    /// applied) over its K and V (`[1, kv_heads, positions, head_dim]`, the new positions
+    /// included), `[1, n, hidden]`.
+    fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
         let n = q.dim(2)?;
-        let k = Tensor::cat(&[&*cache_k, &k], 2)?;
-        let v = Tensor::cat(&[&*cache_v, &v], 2)?;
-        *cache_k = k.clone();
-        *cache_v = v.clone();
         // grouped-query attention without copying K/V once per query head: the `rep` query
         // heads that share a K/V head (consecutive heads) become `rep × n` rows against it
         let rep = self.n_head / self.n_kv_head;
@@ -380,7 +420,7 @@ impl Llama {
             None => att,
         };
         let att = candle_nn::ops::softmax_last_dim(&att)?;
-        let y = att.matmul(&v)?;
+        let y = att.matmul(v)?;
         if n == 1 {
             // one position: heads are already in order, no transpose (and no copy) needed
             return y.reshape((1, 1, self.n_head * hd));
