@@ -41,8 +41,9 @@ struct Layer {
 /// Per-layer K and V of the first `len` positions, each tensor `[1, kv_heads, capacity,
 /// head_dim]`. A sequence being computed keeps room beyond `len` (see [`Kv::append`]), so a
 /// decode step writes one position in place instead of copying all of them; a block cut out
-/// for the cache ([`Kv::slice`]) holds exactly its positions.
-#[derive(Clone, Debug)]
+/// for the cache ([`Kv::slice`]) holds exactly its positions. Not `Clone`: copies would share
+/// the room beyond `len`, and each one's appends would overwrite the other's.
+#[derive(Debug)]
 pub struct Kv {
     k: Vec<Tensor>,
     v: Vec<Tensor>,
