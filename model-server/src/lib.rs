@@ -18,7 +18,8 @@
 //! - [`cache`]: the block prefix cache (fixed-size blocks, LRU, pins) and its [`events`]
 //!   history, which routers poll (`GET /v1/cache/events`, wire types in
 //!   `prefix_core::protocol`).
-//! - [`engine`]: `sim` (latency model) and `candle` (real Llama forward pass, K/V per block).
+//! - [`engine`]: `sim` (latency model) and `candle` (real Llama forward pass, K/V per block,
+//!   requests batched continuously in one loop: `engine::batcher`).
 //! - [`metrics`]: vLLM-named Prometheus metrics.
 
 pub mod admission;
