@@ -17,7 +17,7 @@
 use super::llama::{Kv, Llama};
 use super::{Emitted, EngineError, FinishReason, GenerateRequest, KvBlock};
 use candle_core::{IndexOp, Tensor};
-use candle_transformers::generation::LogitsProcessor;
+use candle_transformers::generation::{LogitsProcessor, Sampling};
 use prefix_core::ModelBundle;
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -45,7 +45,6 @@ pub struct Model {
     pub llama: Arc<Llama>,
     pub bundle: Arc<ModelBundle>,
     pub eos: Vec<u32>,
-    pub sampler: fn(&GenerateRequest) -> LogitsProcessor,
 }
 
 impl Batcher {
@@ -57,24 +56,37 @@ impl Batcher {
         Ok(Batcher { jobs })
     }
 
-    /// Queues a request; the receiver says how it ended once all its output was handed over.
+    /// Queues a request; the future says how it ended, once all its output was handed over.
+    /// Should the loop be gone, the job (and the sender of that answer) is dropped, and the
+    /// future says so.
     pub fn submit(
         &self,
         req: GenerateRequest,
         out: mpsc::Sender<Emitted>,
-    ) -> oneshot::Receiver<Result<FinishReason, EngineError>> {
+    ) -> impl std::future::Future<Output = Result<FinishReason, EngineError>> + Send + 'static {
         let (done, rx) = oneshot::channel();
-        if let Err(e) = self.jobs.send(Job { req, out, done }) {
-            let _ =
-                e.0.done
-                    .send(Err(EngineError::Failed("the engine thread stopped".into())));
+        let _ = self.jobs.send(Job { req, out, done });
+        async move {
+            rx.await
+                .unwrap_or_else(|_| Err(failed("the engine thread stopped")))
         }
-        rx
     }
 }
 
 fn failed(e: impl std::fmt::Display) -> EngineError {
     EngineError::Failed(e.to_string())
+}
+
+/// Greedy by default; `temperature` (and `top_p`) sample, seeded.
+fn sampler(req: &GenerateRequest) -> LogitsProcessor {
+    let seed = req.seed.unwrap_or(299_792_458);
+    let sampling = match (req.temperature, req.top_p) {
+        (None, _) => Sampling::ArgMax,
+        (Some(t), _) if t <= 0.0 => Sampling::ArgMax,
+        (Some(t), Some(p)) if p < 1.0 => Sampling::TopP { p, temperature: t },
+        (Some(t), _) => Sampling::All { temperature: t },
+    };
+    LogitsProcessor::from_sampling(seed, sampling)
 }
 
 /// One request in the loop.
@@ -96,12 +108,12 @@ struct Seq {
 }
 
 impl Seq {
-    fn new(model: &Model, job: Job, kv: Kv) -> Seq {
+    fn new(job: Job, kv: Kv) -> Seq {
         Seq {
             computed: kv.len(),
             kv,
             logits: None,
-            sampler: (model.sampler)(&job.req),
+            sampler: sampler(&job.req),
             generated: Vec::new(),
             text: String::new(),
             backlog: VecDeque::new(),
@@ -297,7 +309,7 @@ fn run(model: &Model, jobs: &std::sync::mpsc::Receiver<Job>) {
 
 fn admit(model: &Model, job: Job, seqs: &mut Vec<Seq>) {
     match cached_kv(model, &job.req) {
-        Ok(kv) => seqs.push(Seq::new(model, job, kv)),
+        Ok(kv) => seqs.push(Seq::new(job, kv)),
         Err(e) => {
             let _ = job.done.send(Err(e));
         }

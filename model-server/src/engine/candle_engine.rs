@@ -11,7 +11,6 @@
 use super::batcher::{Batcher, Model};
 use super::llama::Llama;
 use super::{Emitted, Engine, EngineError, FinishReason, GenerateRequest};
-use candle_transformers::generation::{LogitsProcessor, Sampling};
 use futures::future::BoxFuture;
 use prefix_core::ModelBundle;
 use std::sync::Arc;
@@ -33,25 +32,9 @@ impl CandleEngine {
             llama: Arc::new(model),
             bundle,
             eos,
-            sampler,
         })?;
         Ok(CandleEngine { batcher })
     }
-}
-
-fn failed(e: impl std::fmt::Display) -> EngineError {
-    EngineError::Failed(e.to_string())
-}
-
-fn sampler(req: &GenerateRequest) -> LogitsProcessor {
-    let seed = req.seed.unwrap_or(299_792_458);
-    let sampling = match (req.temperature, req.top_p) {
-        (None, _) => Sampling::ArgMax,
-        (Some(t), _) if t <= 0.0 => Sampling::ArgMax,
-        (Some(t), Some(p)) if p < 1.0 => Sampling::TopP { p, temperature: t },
-        (Some(t), _) => Sampling::All { temperature: t },
-    };
-    LogitsProcessor::from_sampling(seed, sampling)
 }
 
 impl Engine for CandleEngine {
@@ -68,10 +51,6 @@ impl Engine for CandleEngine {
         req: GenerateRequest,
         out: mpsc::Sender<Emitted>,
     ) -> BoxFuture<'static, Result<FinishReason, EngineError>> {
-        let done = self.batcher.submit(req, out);
-        Box::pin(async move {
-            done.await
-                .unwrap_or_else(|_| Err(failed("the engine thread stopped")))
-        })
+        Box::pin(self.batcher.submit(req, out))
     }
 }
