@@ -29,6 +29,9 @@ pub struct EngineResult {
 /// Sequences in the batched decode measurement (issue 15's goal: 8 concurrent requests).
 pub const BATCH: usize = 8;
 
+/// Prompt tokens the decode speed is measured after.
+pub const DECODE_AFTER: usize = 256;
+
 /// `ids` must hold at least 8 blocks + 16 tokens.
 pub fn run(model: &Llama, ids: &[u32], block: usize) -> anyhow::Result<EngineResult> {
     let mut rows = Vec::new();
@@ -63,13 +66,14 @@ pub fn run(model: &Llama, ids: &[u32], block: usize) -> anyhow::Result<EngineRes
             ratio: warm / cold,
         });
     }
-    // decode: one token at a time after a 256-token prompt
+    // decode: one token at a time after a 256-token prompt, as the batching loop runs a
+    // request decoding alone (a batch of one)
     let mut kv = model.empty_kv()?;
-    model.forward(&ids[..256], &mut kv)?;
+    model.forward(&ids[..DECODE_AFTER], &mut kv)?;
     let t = Instant::now();
     let steps = 32;
     for i in 0..steps {
-        model.forward(&ids[256 + i..257 + i], &mut kv)?;
+        model.forward_batch(&mut [(ids[DECODE_AFTER + i], &mut kv)])?;
     }
     let decode = steps as f64 / t.elapsed().as_secs_f64();
     // batched decode: BATCH sequences, each after its own 256-token prompt, one step at a time

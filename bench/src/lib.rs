@@ -12,7 +12,8 @@
 //! - [`report`] and [`plots`]: tables, CSV/JSON, TTFT CDF charts.
 //! - [`overhead`] (with [`wrk`]): the same Envoy with and without the filter, beside the floor
 //!   filter (`bench/floor-filter`), sglang-router and a direct call; CPU per request.
-//! - [`micro`]: prefix cache, tokenizer, server; [`engine`]: the real engine's TTFT.
+//! - [`micro`]: prefix cache, tokenizer, server; [`engine`]: the real engine's TTFT, speed
+//!   and batching, beside [`llama_cpp`] on the same model and cores.
 //! - [`faults`]: pod kill, restart, join, unique prompts and a soak, under load.
 //! - [`cli`]: the `bench` command line that runs them and prints the summary.
 
@@ -20,6 +21,7 @@ pub mod cli;
 pub mod engine;
 pub mod faults;
 pub mod inference_perf;
+pub mod llama_cpp;
 pub mod micro;
 pub mod oracle;
 pub mod overhead;

@@ -111,7 +111,8 @@ fn logits_with_cached_blocks_equal_full_prefill() {
 }
 
 /// Decoding several sequences in one batched step gives each the logits it gets alone, so a
-/// pod that batches answers exactly as one that does not (greedy).
+/// pod that batches answers exactly as one that does not (greedy). Alone is a batch of one:
+/// decode steps multiply by the 8-bit weights whatever the batch.
 #[test]
 fn a_batched_decode_step_equals_each_sequence_alone() {
     let (model, ids) = model_and_runbook(2);
@@ -128,7 +129,9 @@ fn a_batched_decode_step_equals_each_sequence_alone() {
         let (mut kv, mut next) = prefill(p);
         for rows in by_step.iter_mut() {
             let logits = model
-                .forward(&[next], &mut kv)
+                .forward_batch(&mut [(next, &mut kv)])
+                .unwrap()
+                .squeeze(0)
                 .unwrap()
                 .to_vec1::<f32>()
                 .unwrap();
@@ -164,6 +167,50 @@ fn a_batched_decode_step_equals_each_sequence_alone() {
     for (i, (kv, _)) in seqs.iter().enumerate() {
         assert_eq!(kv.len(), prompts[i].len() + 6);
     }
+}
+
+/// A decode step (8-bit weights) stays close to the same position computed with the f32
+/// weights prefill uses, and picks the same greedy token, over a run of steps.
+#[test]
+fn decode_steps_agree_with_the_f32_weights() {
+    let (model, ids) = model_and_runbook(1);
+    let mut kv = model.empty_kv().unwrap();
+    let first = model
+        .forward(&ids[..100], &mut kv)
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    let mut next = argmax(&first);
+    let mut worst = 0.0f32;
+    for step in 0..8 {
+        let mut f32_kv = kv.slice(0, kv.len()).unwrap();
+        let want = model
+            .forward(&[next], &mut f32_kv)
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        let got = model
+            .forward_batch(&mut [(next, &mut kv)])
+            .unwrap()
+            .squeeze(0)
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        let diff = got
+            .iter()
+            .zip(&want)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0f32, f32::max);
+        let scale = want.iter().map(|x| x.abs()).fold(1.0f32, f32::max);
+        worst = worst.max(diff / scale);
+        assert!(
+            diff <= 0.08 * scale,
+            "step {step}: logits differ by {diff} (scale {scale})"
+        );
+        assert_eq!(argmax(&got), argmax(&want), "step {step}");
+        next = argmax(&got);
+    }
+    println!("largest |Δlogit| / max |logit| over 8 steps: {worst}");
 }
 
 #[tokio::test]

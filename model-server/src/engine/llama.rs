@@ -12,6 +12,8 @@ use candle_core::{DType, Device, IndexOp, Module, Result, Tensor};
 use candle_nn::Embedding;
 use rayon::prelude::*;
 
+use super::q8::Q8Matrix;
+
 /// Longest position the rotary tables cover.
 pub const MAX_POSITIONS: usize = 8192;
 
@@ -26,15 +28,49 @@ impl RmsNorm {
     }
 }
 
+/// Which copy of the weights a pass multiplies by. Chosen by the kind of pass, never by its
+/// row count, so a sequence's numbers do not depend on how its prompt was chunked or what
+/// else is decoding beside it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pass {
+    Prefill,
+    Decode,
+}
+
+/// A weight matrix held twice: f32 for prefill (a chunk's many rows make the matmul
+/// compute-bound, and candle's f32 gemm is its fastest), 8-bit for decode steps (a few rows,
+/// so reading the weights is the cost: see [`Q8Matrix`]).
+struct Proj {
+    dense: QMatMul,
+    decode: Q8Matrix,
+}
+
+impl Proj {
+    fn new(t: candle_core::quantized::QTensor, device: &Device) -> Result<Proj> {
+        let dense = t.dequantize(device)?;
+        Ok(Proj {
+            decode: Q8Matrix::new(&dense)?,
+            dense: QMatMul::Tensor(dense),
+        })
+    }
+
+    fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
+        match pass {
+            Pass::Prefill => self.dense.forward(x),
+            Pass::Decode => self.decode.forward(x),
+        }
+    }
+}
+
 struct Layer {
-    wq: QMatMul,
-    wk: QMatMul,
-    wv: QMatMul,
-    wo: QMatMul,
+    wq: Proj,
+    wk: Proj,
+    wv: Proj,
+    wo: Proj,
     attn_norm: RmsNorm,
-    gate: QMatMul,
-    up: QMatMul,
-    down: QMatMul,
+    gate: Proj,
+    up: Proj,
+    down: Proj,
     ffn_norm: RmsNorm,
 }
 
@@ -155,18 +191,11 @@ impl Kv {
     }
 }
 
-/// Weights are dequantized to f32 once at load (≈ 4 bytes per parameter: 0.5 GiB for
-/// SmolLM2-135M): candle's CPU kernels for quantized matmul run a few GFLOP/s, its f32 matmul
-/// (gemm, SIMD chosen at run time, all cores) an order of magnitude more.
-fn dense(t: candle_core::quantized::QTensor, device: &Device) -> Result<QMatMul> {
-    Ok(QMatMul::Tensor(t.dequantize(device)?))
-}
-
 pub struct Llama {
     embed: Embedding,
     layers: Vec<Layer>,
     norm: RmsNorm,
-    output: QMatMul,
+    output: Proj,
     cos: Tensor,
     sin: Tensor,
     n_head: usize,
@@ -218,13 +247,13 @@ impl Llama {
             eps,
         };
         let output = match tensor("output.weight") {
-            Ok(t) => dense(t, &device)?,
-            Err(_) => dense(embed_q, &device)?, // tied embeddings
+            Ok(t) => Proj::new(t, &device)?,
+            Err(_) => Proj::new(embed_q, &device)?, // tied embeddings
         };
         let mut layers = Vec::with_capacity(n_layer);
         for i in 0..n_layer {
-            let mut q = |n: &str| -> anyhow::Result<QMatMul> {
-                Ok(dense(tensor(&format!("blk.{i}.{n}.weight"))?, &device)?)
+            let mut q = |n: &str| -> anyhow::Result<Proj> {
+                Ok(Proj::new(tensor(&format!("blk.{i}.{n}.weight"))?, &device)?)
             };
             let (wq, wk, wv, wo) = (q("attn_q")?, q("attn_k")?, q("attn_v")?, q("attn_output")?);
             let (gate, up, down) = (q("ffn_gate")?, q("ffn_up")?, q("ffn_down")?);
@@ -318,18 +347,18 @@ impl Llama {
         };
         for (l, layer) in self.layers.iter().enumerate() {
             let h = layer.attn_norm.forward(&x)?;
-            let (q, k, v) = self.qkv(layer, &h, n)?;
+            let (q, k, v) = self.qkv(layer, &h, n, Pass::Prefill)?;
             let q = candle_nn::rotary_emb::rope_i(&q, &cos, &sin)?;
             let k = candle_nn::rotary_emb::rope_i(&k, &cos, &sin)?;
             let (k, v) = kv.append(l, &k, &v)?;
             let y = self.attend(&q, &k, &v, mask.as_ref())?;
-            x = self.feed_forward(layer, &y, &x)?;
+            x = self.feed_forward(layer, &y, &x, Pass::Prefill)?;
         }
         kv.advance(n);
         let x = self.norm.forward(&x)?;
         let last = x.i((0, n - 1))?;
         self.output
-            .forward(&last.unsqueeze(0)?)?
+            .forward(&last.unsqueeze(0)?, Pass::Prefill)?
             .squeeze(0)?
             .to_dtype(DType::F32)
     }
@@ -360,7 +389,7 @@ impl Llama {
         let sin = self.sin.index_select(&positions, 0)?;
         for (l, layer) in self.layers.iter().enumerate() {
             let h = layer.attn_norm.forward(&x)?;
-            let (q, k, v) = self.qkv(layer, &h, b)?;
+            let (q, k, v) = self.qkv(layer, &h, b, Pass::Decode)?;
             let q = candle_nn::rotary_emb::rope_i(&q, &cos, &sin)?;
             let k = candle_nn::rotary_emb::rope_i(&k, &cos, &sin)?;
             // each sequence's attention over its own K/V: small operations, so the sequences
@@ -375,20 +404,26 @@ impl Llama {
                 })
                 .collect::<Result<_>>()?;
             let y = Tensor::cat(&ys, 1)?;
-            x = self.feed_forward(layer, &y, &x)?;
+            x = self.feed_forward(layer, &y, &x, Pass::Decode)?;
         }
         for (_, kv) in steps.iter_mut() {
             kv.advance(1);
         }
         let x = self.norm.forward(&x)?.squeeze(0)?;
-        self.output.forward(&x)?.to_dtype(DType::F32)
+        self.output.forward(&x, Pass::Decode)?.to_dtype(DType::F32)
     }
 
     /// Q, K and V of `n` positions' hidden states `h` (`[1, n, hidden]`), each as
     /// `[1, heads, n, head_dim]`, contiguous.
-    fn qkv(&self, layer: &Layer, h: &Tensor, n: usize) -> Result<(Tensor, Tensor, Tensor)> {
-        let heads = |w: &QMatMul, count: usize| -> Result<Tensor> {
-            w.forward(h)?
+    fn qkv(
+        &self,
+        layer: &Layer,
+        h: &Tensor,
+        n: usize,
+        pass: Pass,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let heads = |w: &Proj, count: usize| -> Result<Tensor> {
+            w.forward(h, pass)?
                 .reshape((1, n, count, self.head_dim))?
                 .transpose(1, 2)?
                 .contiguous()
@@ -433,12 +468,12 @@ impl Llama {
 
     /// The attention's output projection and the feed-forward block, each with its residual:
     /// `x + wo(y)`, then that plus the SwiGLU of its norm.
-    fn feed_forward(&self, layer: &Layer, y: &Tensor, x: &Tensor) -> Result<Tensor> {
-        let x = (layer.wo.forward(y)? + x)?;
+    fn feed_forward(&self, layer: &Layer, y: &Tensor, x: &Tensor, pass: Pass) -> Result<Tensor> {
+        let x = (layer.wo.forward(y, pass)? + x)?;
         let h = layer.ffn_norm.forward(&x)?;
-        let ff = layer
-            .down
-            .forward(&(candle_nn::ops::silu(&layer.gate.forward(&h)?)? * layer.up.forward(&h)?)?)?;
+        let act = (candle_nn::ops::silu(&layer.gate.forward(&h, pass)?)?
+            * layer.up.forward(&h, pass)?)?;
+        let ff = layer.down.forward(&act, pass)?;
         ff + &x
     }
 }

@@ -4,6 +4,7 @@
 pub mod batcher;
 pub mod candle_engine;
 pub mod llama;
+pub mod q8;
 pub mod sim;
 pub mod stop;
 
