@@ -9,7 +9,7 @@
 #
 # Ports are free ones unless set: POD_PORTS="8001 8002 8003" ENVOY_PORT=10000 ADMIN_PORT=9901
 # PROM_PORT=9090. The pods run the real SmolLM2-135M on CPU (ENGINE=candle, the default; each
-# send takes a few seconds on 2 cores) or the latency simulator (ENGINE=sim: modelled on the
+# send takes about a second on 2 cores) or the latency simulator (ENGINE=sim: modelled on the
 # real engine's latencies, without running the model).
 #
 # BACKEND=llama-cpp runs the same scenarios against three llama.cpp `llama-server` pods (built

@@ -100,8 +100,8 @@ pub struct Config {
     /// sim: prefill cost per uncached prompt token, microseconds.
     #[arg(long, default_value_t = 3500.0)]
     pub sim_prefill_us_per_token: f64,
-    /// sim: decode delay per generated token, milliseconds.
-    #[arg(long, default_value_t = 55.0)]
+    /// sim: decode delay per generated token, milliseconds (one sequence decoding alone).
+    #[arg(long, default_value_t = 22.0)]
     pub sim_decode_ms_per_token: f64,
 }
 

@@ -17,7 +17,8 @@ use candle_core::{Device, Result, Tensor};
 use rayon::prelude::*;
 
 /// Output features per parallel task: small enough to spread a 576-wide projection over the
-/// cores, large enough that a task outlasts its scheduling.
+/// cores, large enough that a task outlasts its scheduling (2 to 16 tasks per matrix measured
+/// the same on 2 cores).
 const COLUMNS_PER_TASK: usize = 32;
 
 /// A weight matrix `[out, in]` in Q8_0, row by row.
