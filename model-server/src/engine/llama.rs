@@ -12,6 +12,7 @@ use candle_core::{DType, Device, IndexOp, Module, Result, Tensor};
 use candle_nn::Embedding;
 use rayon::prelude::*;
 
+use super::attention;
 use super::q8::Q8Matrix;
 
 /// Longest position the rotary tables cover.
@@ -84,6 +85,19 @@ pub struct Kv {
     k: Vec<Tensor>,
     v: Vec<Tensor>,
     len: usize,
+}
+
+/// Runs `f` on the values of a contiguous f32 tensor on the CPU.
+fn with_slice<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    let (storage, layout) = t.storage_and_layout();
+    let candle_core::Storage::Cpu(cpu) = &*storage else {
+        candle_core::bail!("a K/V tensor not on the CPU");
+    };
+    let all = cpu.as_slice::<f32>()?;
+    match layout.contiguous_offsets().and_then(|(a, b)| all.get(a..b)) {
+        Some(values) => Ok(f(values)),
+        None => candle_core::bail!("a K/V tensor not contiguous"),
+    }
 }
 
 /// Positions of room a growing K/V gets at least, beyond what it needs.
@@ -183,6 +197,25 @@ impl Kv {
         ck.slice_set(&k.contiguous()?, 2, len)?;
         cv.slice_set(&v.contiguous()?, 2, len)?;
         Ok((ck.narrow(2, 0, need)?, cv.narrow(2, 0, need)?))
+    }
+
+    /// Layer `l`'s attention of one query (`n_head × head_dim`) over the positions held plus
+    /// the one just appended (before [`Kv::advance`]), into `out`.
+    fn attend_one(&self, l: usize, q: &[f32], n_head: usize, out: &mut [f32]) -> Result<()> {
+        let (Some(k), Some(v)) = (self.k.get(l), self.v.get(l)) else {
+            candle_core::bail!("no layer {l} in this K/V");
+        };
+        let (_, n_kv, cap, hd) = k.dims4()?;
+        let shape = attention::Shape {
+            n_head,
+            n_kv,
+            hd,
+            cap,
+            len: self.len + 1,
+        };
+        with_slice(k, |k| {
+            with_slice(v, |v| attention::attend_one(&shape, q, k, v, out))
+        })?
     }
 
     /// After every layer appended `n` positions.
@@ -392,18 +425,28 @@ impl Llama {
             let (q, k, v) = self.qkv(layer, &h, b, Pass::Decode)?;
             let q = candle_nn::rotary_emb::rope_i(&q, &cos, &sin)?;
             let k = candle_nn::rotary_emb::rope_i(&k, &cos, &sin)?;
-            // each sequence's attention over its own K/V: small operations, so the sequences
-            // are spread over the cores (the projections' matmuls use every core already)
-            let ys: Vec<Tensor> = steps
-                .par_iter_mut()
+            // each sequence's attention over its own K/V, on plain slices (see
+            // `attention`), the sequences spread over the cores
+            let (q_all, hd) = (q.flatten_all()?.to_vec1::<f32>()?, self.head_dim);
+            let width = self.n_head * hd;
+            let mut ys = vec![0f32; b * width];
+            ys.par_chunks_mut(width)
+                .zip(steps.par_iter_mut())
                 .enumerate()
-                .map(|(i, (_, kv))| {
+                .try_for_each(|(i, (y, (_, kv)))| -> Result<()> {
                     let one = |t: &Tensor| t.narrow(2, i, 1)?.contiguous();
-                    let (k, v) = kv.append(l, &one(&k)?, &one(&v)?)?;
-                    self.attend(&one(&q)?, &k, &v, None)
-                })
-                .collect::<Result<_>>()?;
-            let y = Tensor::cat(&ys, 1)?;
+                    kv.append(l, &one(&k)?, &one(&v)?)?;
+                    // q is [1, heads, b, hd]: this sequence's row of every head
+                    let qi: Vec<f32> = (0..self.n_head)
+                        .flat_map(|h| {
+                            q_all[(h * b + i) * hd..(h * b + i + 1) * hd]
+                                .iter()
+                                .copied()
+                        })
+                        .collect();
+                    kv.attend_one(l, &qi, self.n_head, y)
+                })?;
+            let y = Tensor::from_vec(ys, (1, b, width), &self.device)?;
             x = self.feed_forward(layer, &y, &x, Pass::Decode)?;
         }
         for (_, kv) in steps.iter_mut() {

@@ -1,6 +1,7 @@
 //! Inference engines behind one trait, so the HTTP layer, the scheduler and the prefix cache
 //! are shared by the simulated engine and real ones.
 
+pub mod attention;
 pub mod batcher;
 pub mod candle_engine;
 pub mod llama;
