@@ -24,10 +24,18 @@ pub struct Metrics {
     pub queue_time: Histogram,
     pub prefill_time: Histogram,
     pub inference_time: Histogram,
+    /// Tokens computed per engine step (prompt and output), as vLLM's: how much batching the
+    /// real engine does. The sim engine has no steps and leaves it empty.
+    pub iteration_tokens: Histogram,
     pub blocks_stored: IntCounter,
     pub blocks_evicted: IntCounter,
     pub requests_rejected: IntCounter,
 }
+
+/// vLLM's buckets for tokens per engine step.
+const ITERATION_TOKEN_BUCKETS: &[f64] = &[
+    1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0,
+];
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
@@ -57,12 +65,13 @@ impl Metrics {
             registry.register(Box::new(g.clone()))?;
             Ok(g)
         };
-        let histogram = |name: &str, help: &str| -> prometheus::Result<Histogram> {
+        let histogram_in = |name: &str, help: &str, buckets: &[f64]| {
             let o = opts(name, help);
-            let h = Histogram::with_opts(HistogramOpts::from(o).buckets(LATENCY_BUCKETS.to_vec()))?;
+            let h = Histogram::with_opts(HistogramOpts::from(o).buckets(buckets.to_vec()))?;
             registry.register(Box::new(h.clone()))?;
-            Ok(h)
+            prometheus::Result::Ok(h)
         };
+        let histogram = |name: &str, help: &str| histogram_in(name, help, LATENCY_BUCKETS);
 
         let kv_cache_usage = Gauge::with_opts(opts(
             "vllm:kv_cache_usage_perc",
@@ -110,6 +119,11 @@ impl Metrics {
             inference_time: histogram(
                 "vllm:request_inference_time_seconds",
                 "Time requests held a running slot (prefill and decode).",
+            )?,
+            iteration_tokens: histogram_in(
+                "vllm:iteration_tokens_total",
+                "Histogram of number of tokens per engine_step.",
+                ITERATION_TOKEN_BUCKETS,
             )?,
             blocks_stored: counter(
                 "prefix_router:cache_blocks_stored_total",

@@ -57,6 +57,12 @@ impl AppState {
         config.validate()?;
         let bundle = Arc::new(load_bundle(&config)?);
         let pod = config.pod_name();
+        let metrics = Metrics::new(
+            &config.served_model_name,
+            &pod,
+            config.block_size,
+            config.cache_blocks(),
+        )?;
         let engine: Arc<dyn Engine> = match config.engine {
             EngineKind::Sim => Arc::new(SimEngine::new(SimCosts {
                 ttft_base: Duration::from_secs_f64(config.sim_ttft_base_ms / 1e3),
@@ -69,7 +75,12 @@ impl AppState {
                     .clone()
                     .unwrap_or_else(crate::config::default_model_file);
                 Arc::new(
-                    CandleEngine::load(&path, Arc::clone(&bundle)).with_context(|| {
+                    CandleEngine::load(
+                        &path,
+                        Arc::clone(&bundle),
+                        metrics.iteration_tokens.clone(),
+                    )
+                    .with_context(|| {
                         format!(
                             "loading {} (run scripts/setup.sh, or pass --model)",
                             path.display()
@@ -78,12 +89,6 @@ impl AppState {
                 )
             }
         };
-        let metrics = Metrics::new(
-            &config.served_model_name,
-            &pod,
-            config.block_size,
-            config.cache_blocks(),
-        )?;
         Ok(Arc::new(AppState {
             cache: Cache::with(
                 config.cache_blocks(),

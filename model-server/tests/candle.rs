@@ -320,15 +320,30 @@ async fn concurrent_requests_answer_as_they_do_alone() {
     .iter()
     .map(|&(start, n, max)| json!({"prompt": &ids[start..start + n], "max_tokens": max}))
     .collect();
+    // engine steps and the tokens they computed (vllm:iteration_tokens_total), so far
+    let steps = || s.histogram("vllm:iteration_tokens_total");
     let mut alone = Vec::new();
     for b in &bodies {
         alone.push(complete(&s, "/v1/completions", b).await.0);
     }
+    let after_alone = steps().await;
     let together =
         futures::future::join_all(bodies.iter().map(|b| complete(&s, "/v1/completions", b))).await;
     for (i, (text, _)) in together.iter().enumerate() {
         assert_eq!(text, &alone[i], "request {i}");
         assert!(!text.is_empty());
     }
+    // the same tokens computed in fewer steps: steps were shared
+    let after_together = steps().await;
+    let (alone_steps, alone_tokens) = after_alone;
+    let (together_steps, together_tokens) = (
+        after_together.0 - after_alone.0,
+        after_together.1 - after_alone.1,
+    );
+    assert_eq!(together_tokens, alone_tokens, "tokens computed");
+    assert!(
+        together_steps < alone_steps,
+        "{together_steps} steps together, {alone_steps} alone"
+    );
     s.shutdown().await;
 }

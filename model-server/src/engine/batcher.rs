@@ -45,6 +45,8 @@ pub struct Model {
     pub llama: Arc<Llama>,
     pub bundle: Arc<ModelBundle>,
     pub eos: Vec<u32>,
+    /// Tokens computed per turn of the loop, prompt and output (`vllm:iteration_tokens_total`).
+    pub step_tokens: prometheus::Histogram,
 }
 
 impl Batcher {
@@ -276,6 +278,7 @@ fn run(model: &Model, jobs: &std::sync::mpsc::Receiver<Job>) {
         }
         // (2) prefill, oldest first, up to PREFILL_CHUNK prompt tokens in all
         let mut budget = PREFILL_CHUNK;
+        let mut prefilled = 0;
         for seq in seqs
             .iter_mut()
             .filter(|s| !s.prefilled() && s.ended.is_none())
@@ -284,7 +287,10 @@ fn run(model: &Model, jobs: &std::sync::mpsc::Receiver<Job>) {
                 break;
             }
             match seq.prefill_chunk(&model.llama, budget, budget == PREFILL_CHUNK) {
-                Ok(used) => budget -= used.min(budget),
+                Ok(used) => {
+                    prefilled += used;
+                    budget -= used.min(budget);
+                }
                 Err(e) => seq.end(Err(e)),
             }
         }
@@ -299,6 +305,9 @@ fn run(model: &Model, jobs: &std::sync::mpsc::Receiver<Job>) {
                 Ok(None) => {}
                 Err(e) => seq.end(Err(e)),
             }
+        }
+        if prefilled + batch.len() > 0 {
+            model.step_tokens.observe((prefilled + batch.len()) as f64);
         }
         if !batch.is_empty() {
             decode(model, &mut batch);

@@ -21,7 +21,13 @@ pub struct CandleEngine {
 }
 
 impl CandleEngine {
-    pub fn load(path: &std::path::Path, bundle: Arc<ModelBundle>) -> anyhow::Result<Self> {
+    /// Loads the GGUF at `path`; the batching loop observes its tokens per turn in
+    /// `step_tokens`.
+    pub fn load(
+        path: &std::path::Path,
+        bundle: Arc<ModelBundle>,
+        step_tokens: prometheus::Histogram,
+    ) -> anyhow::Result<Self> {
         let model = Llama::load(path)?;
         let t = bundle.tokenizer();
         let eos = ["<|im_end|>", "<|endoftext|>", "</s>", "<|eot_id|>"]
@@ -32,6 +38,7 @@ impl CandleEngine {
             llama: Arc::new(model),
             bundle,
             eos,
+            step_tokens,
         })?;
         Ok(CandleEngine { batcher })
     }

@@ -113,6 +113,32 @@ impl Server {
         metric.samples.iter().map(|s| s.value.value.as_f64()).sum()
     }
 
+    /// A histogram's (count, sum).
+    pub async fn histogram(&self, name: &str) -> (f64, f64) {
+        use prom_text_format_parser::ValueType;
+        let text = self
+            .http
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let scrape = prom_text_format_parser::Scrape::parse(&text).unwrap();
+        let metric = scrape.metrics.iter().find(|m| m.name == name);
+        let metric = metric.unwrap_or_else(|| panic!("metric {name} not found in\n{text}"));
+        let of = |t: ValueType| {
+            metric
+                .samples
+                .iter()
+                .filter(|s| s.value.value_type == t)
+                .map(|s| s.value.value.as_f64())
+                .sum()
+        };
+        (of(ValueType::Count), of(ValueType::Sum))
+    }
+
     pub async fn token_count(&self, body: &Value) -> usize {
         let (s, v, _) = self.post("/tokenize", body).await;
         assert_eq!(s, 200, "{v}");
