@@ -129,12 +129,7 @@ pub fn concurrency(ids: &[u32], dir: &std::path::Path) -> anyhow::Result<Concurr
             "prompt": &ids[i..i + prompt_tokens],
             "max_tokens": max_tokens,
         });
-        let v: serde_json::Value = http
-            .post(&url)
-            .json(&body)
-            .send()?
-            .error_for_status()?
-            .json()?;
+        let v = crate::post_json(&http, &url, &body)?;
         v["usage"]["completion_tokens"]
             .as_u64()
             .ok_or_else(|| anyhow::anyhow!("no usage in {v}"))

@@ -39,6 +39,20 @@ use test_harness::cluster::{run_dir, start_pods};
 use test_harness::fleet::ZERO_COST;
 
 /// Writes `value` as pretty JSON to `dir/name.json`.
+/// POSTs `body` as JSON and returns the JSON answer; an HTTP error status is an error.
+pub fn post_json(
+    http: &reqwest::blocking::Client,
+    url: &str,
+    body: &serde_json::Value,
+) -> anyhow::Result<serde_json::Value> {
+    Ok(http
+        .post(url)
+        .json(body)
+        .send()?
+        .error_for_status()?
+        .json()?)
+}
+
 pub fn write_json<T: Serialize>(dir: &Path, name: &str, value: &T) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)?;
     std::fs::write(

@@ -47,12 +47,7 @@ pub fn run(
             "ignore_eos": true,
             "temperature": 0.0,
         });
-        let v: serde_json::Value = http
-            .post(&url)
-            .json(&body)
-            .send()?
-            .error_for_status()?
-            .json()?;
+        let v = crate::post_json(&http, &url, &body)?;
         let t = &v["timings"];
         let f = |k: &str| {
             t[k].as_f64()

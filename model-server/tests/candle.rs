@@ -67,6 +67,18 @@ fn argmax(v: &[f32]) -> u32 {
         .0 as u32
 }
 
+/// One decode step of one sequence (a batch of one, as the batching loop runs a request
+/// decoding alone): its logits.
+fn decode_alone(model: &Llama, token: u32, kv: &mut Kv) -> Vec<f32> {
+    model
+        .forward_batch(&mut [(token, kv)])
+        .unwrap()
+        .squeeze(0)
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()
+}
+
 #[test]
 fn logits_with_cached_blocks_equal_full_prefill() {
     let (model, ids) = model_and_runbook(3);
@@ -128,13 +140,7 @@ fn a_batched_decode_step_equals_each_sequence_alone() {
     for p in prompts {
         let (mut kv, mut next) = prefill(p);
         for rows in by_step.iter_mut() {
-            let logits = model
-                .forward_batch(&mut [(next, &mut kv)])
-                .unwrap()
-                .squeeze(0)
-                .unwrap()
-                .to_vec1::<f32>()
-                .unwrap();
+            let logits = decode_alone(&model, next, &mut kv);
             next = argmax(&logits);
             rows.push(logits);
         }
@@ -189,13 +195,7 @@ fn decode_steps_agree_with_the_f32_weights() {
             .unwrap()
             .to_vec1::<f32>()
             .unwrap();
-        let got = model
-            .forward_batch(&mut [(next, &mut kv)])
-            .unwrap()
-            .squeeze(0)
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap();
+        let got = decode_alone(&model, next, &mut kv);
         let diff = got
             .iter()
             .zip(&want)

@@ -1,5 +1,10 @@
-//! A Llama-architecture forward pass (SmolLM2 is one) over quantized GGUF weights, with the
+//! A Llama-architecture forward pass (SmolLM2 is one) over a GGUF's weights, with the
 //! attention K/V kept *outside* the model so a prefix cache can hold them per token block.
+//!
+//! Two passes: [`Llama::forward`] prefills a chunk of one sequence (f32 weights, candle's
+//! attention with a causal mask); [`Llama::forward_batch`] runs one decode step for several
+//! sequences (8-bit weights, `engine::q8`; attention per sequence on plain slices,
+//! `engine::attention`).
 //!
 //! candle's own quantized Llama keeps one private KV cache per layer and masks a multi-token
 //! step as if it started at position 0, so prefilling after a cached prefix is not possible

@@ -97,7 +97,8 @@ impl Server {
             .unwrap()
     }
 
-    pub async fn metric(&self, name: &str) -> f64 {
+    /// The samples of metric family `name` on `/metrics`: (value kind, value).
+    async fn samples(&self, name: &str) -> Vec<(prom_text_format_parser::ValueType, f64)> {
         let text = self
             .http
             .get(self.url("/metrics"))
@@ -110,30 +111,26 @@ impl Server {
         let scrape = prom_text_format_parser::Scrape::parse(&text).unwrap();
         let metric = scrape.metrics.iter().find(|m| m.name == name);
         let metric = metric.unwrap_or_else(|| panic!("metric {name} not found in\n{text}"));
-        metric.samples.iter().map(|s| s.value.value.as_f64()).sum()
+        metric
+            .samples
+            .iter()
+            .map(|s| (s.value.value_type, s.value.value.as_f64()))
+            .collect()
+    }
+
+    pub async fn metric(&self, name: &str) -> f64 {
+        self.samples(name).await.iter().map(|(_, v)| v).sum()
     }
 
     /// A histogram's (count, sum).
     pub async fn histogram(&self, name: &str) -> (f64, f64) {
         use prom_text_format_parser::ValueType;
-        let text = self
-            .http
-            .get(self.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        let scrape = prom_text_format_parser::Scrape::parse(&text).unwrap();
-        let metric = scrape.metrics.iter().find(|m| m.name == name);
-        let metric = metric.unwrap_or_else(|| panic!("metric {name} not found in\n{text}"));
+        let samples = self.samples(name).await;
         let of = |t: ValueType| {
-            metric
-                .samples
+            samples
                 .iter()
-                .filter(|s| s.value.value_type == t)
-                .map(|s| s.value.value.as_f64())
+                .filter(|(k, _)| *k == t)
+                .map(|(_, v)| v)
                 .sum()
         };
         (of(ValueType::Count), of(ValueType::Sum))
