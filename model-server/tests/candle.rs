@@ -67,6 +67,17 @@ fn argmax(v: &[f32]) -> u32 {
         .0 as u32
 }
 
+/// The largest |got − want| over two logit vectors, and the scale it is judged against: the
+/// largest |want|, at least 1.
+fn diff_and_scale(got: &[f32], want: &[f32]) -> (f32, f32) {
+    let diff = got
+        .iter()
+        .zip(want)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max);
+    (diff, want.iter().map(|x| x.abs()).fold(1.0f32, f32::max))
+}
+
 /// One decode step of one sequence (a batch of one, as the batching loop runs a request
 /// decoding alone): its logits.
 fn decode_alone(model: &Llama, token: u32, kv: &mut Kv) -> Vec<f32> {
@@ -105,14 +116,9 @@ fn logits_with_cached_blocks_equal_full_prefill() {
         .unwrap();
     assert_eq!(kv.len(), 300);
 
-    let max_diff = a
-        .iter()
-        .zip(&b)
-        .map(|(x, y)| (x - y).abs())
-        .fold(0.0f32, f32::max);
-    let scale = a.iter().map(|x| x.abs()).fold(0.0f32, f32::max);
+    let (max_diff, scale) = diff_and_scale(&b, &a);
     assert!(
-        max_diff <= 1e-3 * scale.max(1.0),
+        max_diff <= 1e-3 * scale,
         "logits differ by {max_diff} (scale {scale})"
     );
     assert_eq!(argmax(&a), argmax(&b));
@@ -156,12 +162,7 @@ fn a_batched_decode_step_equals_each_sequence_alone() {
             .unwrap();
         for (i, row) in logits.iter().enumerate() {
             let want = &wants[i];
-            let diff = row
-                .iter()
-                .zip(want)
-                .map(|(x, y)| (x - y).abs())
-                .fold(0.0f32, f32::max);
-            let scale = want.iter().map(|x| x.abs()).fold(1.0f32, f32::max);
+            let (diff, scale) = diff_and_scale(row, want);
             assert!(
                 diff <= 1e-3 * scale,
                 "sequence {i} step {step}: logits differ by {diff}"
@@ -196,12 +197,7 @@ fn decode_steps_agree_with_the_f32_weights() {
             .to_vec1::<f32>()
             .unwrap();
         let got = decode_alone(&model, next, &mut kv);
-        let diff = got
-            .iter()
-            .zip(&want)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0.0f32, f32::max);
-        let scale = want.iter().map(|x| x.abs()).fold(1.0f32, f32::max);
+        let (diff, scale) = diff_and_scale(&got, &want);
         worst = worst.max(diff / scale);
         assert!(
             diff <= 0.08 * scale,
