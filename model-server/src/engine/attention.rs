@@ -68,17 +68,16 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
         let n = a.len().min(b.len()) / 8 * 8;
         // SAFETY: each load reads 8 floats at `i < n`, `n` at most either slice's length
         // rounded down to a multiple of 8; AVX2 and FMA are enabled for the whole build.
-        let head = unsafe {
+        let acc = unsafe {
             let mut acc = _mm256_setzero_ps();
             for i in (0..n).step_by(8) {
                 let x = _mm256_loadu_ps(a.as_ptr().add(i));
                 let y = _mm256_loadu_ps(b.as_ptr().add(i));
                 acc = _mm256_fmadd_ps(x, y, acc);
             }
-            let h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-            let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-            _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)))
+            acc
         };
+        let head = super::simd::hsum(acc);
         let tail: f32 = a[n..].iter().zip(&b[n..]).map(|(x, y)| x * y).sum();
         head + tail
     }

@@ -7,6 +7,8 @@ pub mod candle_engine;
 pub mod llama;
 pub mod q8;
 pub mod sim;
+#[cfg(target_feature = "avx2")]
+mod simd;
 pub mod stop;
 
 use crate::cache::BlockPrefixCache;

@@ -209,12 +209,8 @@ mod avx2 {
                     acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[r]);
                 }
             }
-            for r in 0..R {
-                let v = acc[r];
-                let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-                let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-                let h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
-                out[r] = _mm_cvtss_f32(h);
+            for (o, v) in out.iter_mut().zip(acc) {
+                *o = super::super::simd::hsum(v);
             }
         }
         out

@@ -1,0 +1,13 @@
+//! AVX2 pieces the decode kernels (`q8`, `attention`) share.
+
+use std::arch::x86_64::*;
+
+/// The sum of a vector's eight lanes.
+pub fn hsum(v: __m256) -> f32 {
+    // SAFETY: register-only operations; AVX2 is enabled for the whole build.
+    unsafe {
+        let h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+        let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)))
+    }
+}
