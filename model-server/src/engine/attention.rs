@@ -1,5 +1,5 @@
 //! Attention of one new position over a sequence's K/V, on plain slices: what a decode step
-//! computes per sequence and layer.
+//! computes per sequence, layer and head.
 //!
 //! Through candle's tensor operations this was a dozen small operations (narrow, copy, two
 //! matmuls that pack their operands, scale, softmax, reshape) per sequence and layer: one
@@ -8,53 +8,26 @@
 //! their K/V once (f32, ~0.46 MB per sequence and layer at 300 positions: as many bytes per
 //! step for 8 sequences as the 8-bit weights).
 
-/// The heads and positions of one sequence's attention.
-pub struct Shape {
-    pub n_head: usize,
-    pub n_kv: usize,
-    pub hd: usize,
-    /// Positions each K/V head has room for.
-    pub cap: usize,
-    /// Positions held.
-    pub len: usize,
-}
-
-/// `out` (`n_head × hd`) = softmax(q·Kᵀ/√hd)·V for one query `q` (`n_head × hd`, rotary
-/// applied) over the first `len` positions of `k` and `v` (`n_kv × cap × hd` each). Query head
-/// `h` reads K/V head `h / (n_head / n_kv)`: consecutive query heads share one.
-pub fn attend_one(s: &Shape, q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]) {
-    let rep = (s.n_head / s.n_kv.max(1)).max(1);
-    let scale = 1.0 / (s.hd as f32).sqrt();
-    let mut scores = vec![0f32; s.len];
-    for (h, (qh, oh)) in q
-        .chunks_exact(s.hd)
-        .zip(out.chunks_exact_mut(s.hd))
-        .enumerate()
-    {
-        let base = (h / rep) * s.cap * s.hd;
-        let (Some(kh), Some(vh)) = (
-            k.get(base..base + s.len * s.hd),
-            v.get(base..base + s.len * s.hd),
-        ) else {
-            oh.fill(0.0);
-            continue;
-        };
-        let mut max = f32::NEG_INFINITY;
-        for (sc, kj) in scores.iter_mut().zip(kh.chunks_exact(s.hd)) {
-            *sc = dot(qh, kj) * scale;
-            max = max.max(*sc);
-        }
-        let mut sum = 0f32;
-        for sc in scores.iter_mut() {
-            *sc = (*sc - max).exp();
-            sum += *sc;
-        }
-        oh.fill(0.0);
-        for (p, vj) in scores.iter().zip(vh.chunks_exact(s.hd)) {
-            let w = p / sum;
-            for (o, x) in oh.iter_mut().zip(vj) {
-                *o += w * x;
-            }
+/// `out` = softmax(q·Kᵀ/√hd)·V for one head's query `q` (`hd` values, rotary applied) over
+/// the positions of that head's `k` and `v` (`positions × hd` each, as many in both).
+pub fn attend_head(q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]) {
+    let hd = q.len();
+    out.fill(0.0);
+    if hd == 0 || k.len() != v.len() || !k.len().is_multiple_of(hd) {
+        return;
+    }
+    let scale = 1.0 / (hd as f32).sqrt();
+    let mut scores: Vec<f32> = k.chunks_exact(hd).map(|kj| dot(q, kj) * scale).collect();
+    let max = scores.iter().fold(f32::NEG_INFINITY, |m, s| m.max(*s));
+    let mut sum = 0f32;
+    for sc in scores.iter_mut() {
+        *sc = (*sc - max).exp();
+        sum += *sc;
+    }
+    for (p, vj) in scores.iter().zip(v.chunks_exact(hd)) {
+        let w = p / sum;
+        for (o, x) in out.iter_mut().zip(vj) {
+            *o += w * x;
         }
     }
 }
@@ -89,39 +62,27 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 mod tests {
     use super::*;
 
-    /// Against the definition computed naively, with grouped heads and room beyond `len`.
+    /// Against the definition computed naively.
     #[test]
     fn matches_the_definition() {
-        let s = Shape {
-            n_head: 4,
-            n_kv: 2,
-            hd: 12,
-            cap: 9,
-            len: 7,
-        };
+        let (hd, len) = (12, 7);
         let val = |i: usize| ((i * 7919) % 97) as f32 / 50.0 - 1.0;
-        let q: Vec<f32> = (0..s.n_head * s.hd).map(val).collect();
-        let k: Vec<f32> = (0..s.n_kv * s.cap * s.hd).map(|i| val(i + 5)).collect();
-        let v: Vec<f32> = (0..s.n_kv * s.cap * s.hd).map(|i| val(i + 11)).collect();
-        let mut got = vec![0f32; s.n_head * s.hd];
-        attend_one(&s, &q, &k, &v, &mut got);
-        for h in 0..s.n_head {
-            let g = h / 2;
-            let at = |t: &[f32], j: usize, d: usize| t[(g * s.cap + j) * s.hd + d];
-            let logits: Vec<f32> = (0..s.len)
-                .map(|j| {
-                    (0..s.hd)
-                        .map(|d| q[h * s.hd + d] * at(&k, j, d))
-                        .sum::<f32>()
-                        / (s.hd as f32).sqrt()
-                })
-                .collect();
-            let z: f32 = logits.iter().map(|l| l.exp()).sum();
-            for d in 0..s.hd {
-                let want: f32 = (0..s.len).map(|j| logits[j].exp() / z * at(&v, j, d)).sum();
-                let g = got[h * s.hd + d];
-                assert!((g - want).abs() < 1e-5, "head {h} dim {d}: {g} vs {want}");
-            }
+        let q: Vec<f32> = (0..hd).map(val).collect();
+        let k: Vec<f32> = (0..len * hd).map(|i| val(i + 5)).collect();
+        let v: Vec<f32> = (0..len * hd).map(|i| val(i + 11)).collect();
+        let mut got = vec![0f32; hd];
+        attend_head(&q, &k, &v, &mut got);
+        let logits: Vec<f32> = (0..len)
+            .map(|j| (0..hd).map(|d| q[d] * k[j * hd + d]).sum::<f32>() / (hd as f32).sqrt())
+            .collect();
+        let z: f32 = logits.iter().map(|l| l.exp()).sum();
+        for d in 0..hd {
+            let want: f32 = (0..len).map(|j| logits[j].exp() / z * v[j * hd + d]).sum();
+            assert!(
+                (got[d] - want).abs() < 1e-5,
+                "dim {d}: {} vs {want}",
+                got[d]
+            );
         }
     }
 }

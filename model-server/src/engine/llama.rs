@@ -3,8 +3,8 @@
 //!
 //! Two passes: [`Llama::forward`] prefills a chunk of one sequence (f32 weights, candle's
 //! attention with a causal mask); [`Llama::forward_batch`] runs one decode step for several
-//! sequences (8-bit weights, `engine::q8`; attention per sequence on plain slices,
-//! `engine::attention`).
+//! sequences on plain slices (`engine::decode`: the GGUF's 4-bit weights where exact, 8 bits
+//! otherwise).
 //!
 //! candle's own quantized Llama keeps one private KV cache per layer and masks a multi-token
 //! step as if it started at position 0, so prefilling after a cached prefix is not possible
@@ -15,10 +15,8 @@
 use candle_core::quantized::{gguf_file, QMatMul};
 use candle_core::{DType, Device, IndexOp, Module, Result, Tensor};
 use candle_nn::Embedding;
-use rayon::prelude::*;
 
-use super::attention;
-use super::q8::Q8Matrix;
+use super::decode::{DecodeLayer, DecodeMatrix, Decoder};
 
 /// Longest position the rotary tables cover.
 pub const MAX_POSITIONS: usize = 8192;
@@ -34,49 +32,17 @@ impl RmsNorm {
     }
 }
 
-/// Which copy of the weights a pass multiplies by. Chosen by the kind of pass, never by its
-/// row count, so a sequence's numbers do not depend on how its prompt was chunked or what
-/// else is decoding beside it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Pass {
-    Prefill,
-    Decode,
-}
-
-/// A weight matrix held twice: f32 for prefill (a chunk's many rows make the matmul
-/// compute-bound, and candle's f32 gemm is its fastest), 8-bit for decode steps (a few rows,
-/// so reading the weights is the cost: see [`Q8Matrix`]).
-struct Proj {
-    dense: QMatMul,
-    decode: Q8Matrix,
-}
-
-impl Proj {
-    fn new(t: candle_core::quantized::QTensor, device: &Device) -> Result<Proj> {
-        let dense = t.dequantize(device)?;
-        Ok(Proj {
-            decode: Q8Matrix::new(&dense)?,
-            dense: QMatMul::Tensor(dense),
-        })
-    }
-
-    fn forward(&self, x: &Tensor, pass: Pass) -> Result<Tensor> {
-        match pass {
-            Pass::Prefill => self.dense.forward(x),
-            Pass::Decode => self.decode.forward(x),
-        }
-    }
-}
-
+/// A layer's prefill weights (f32: a chunk's many rows make the matmul compute-bound, and
+/// candle's f32 gemm is its fastest). Decode steps read their own copy ([`DecodeLayer`]).
 struct Layer {
-    wq: Proj,
-    wk: Proj,
-    wv: Proj,
-    wo: Proj,
+    wq: QMatMul,
+    wk: QMatMul,
+    wv: QMatMul,
+    wo: QMatMul,
     attn_norm: RmsNorm,
-    gate: Proj,
-    up: Proj,
-    down: Proj,
+    gate: QMatMul,
+    up: QMatMul,
+    down: QMatMul,
     ffn_norm: RmsNorm,
 }
 
@@ -93,7 +59,7 @@ pub struct Kv {
 }
 
 /// Runs `f` on the values of a contiguous f32 tensor on the CPU.
-fn with_slice<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+pub(super) fn with_slice<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
     let (storage, layout) = t.storage_and_layout();
     let candle_core::Storage::Cpu(cpu) = &*storage else {
         candle_core::bail!("a K/V tensor not on the CPU");
@@ -177,7 +143,7 @@ impl Kv {
     /// positions: a copy every so many steps instead of every step), and returns K and V of
     /// all `len + n` positions. `len` itself moves on with [`Kv::advance`], once every layer
     /// has its positions.
-    fn append(&mut self, l: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+    pub(super) fn append(&mut self, l: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
         let n = k.dim(2)?;
         let need = self.len + n;
         let len = self.len;
@@ -204,27 +170,29 @@ impl Kv {
         Ok((ck.narrow(2, 0, need)?, cv.narrow(2, 0, need)?))
     }
 
-    /// Layer `l`'s attention of one query (`n_head × head_dim`) over the positions held plus
-    /// the one just appended (before [`Kv::advance`]), into `out`.
-    fn attend_one(&self, l: usize, q: &[f32], n_head: usize, out: &mut [f32]) -> Result<()> {
+    /// Runs `f` on layer `l`'s K and V of K/V head `head`, over the positions held plus the
+    /// one just appended (before [`Kv::advance`]).
+    pub(super) fn with_head<R>(
+        &self,
+        l: usize,
+        head: usize,
+        f: impl FnOnce(&[f32], &[f32]) -> R,
+    ) -> Result<R> {
         let (Some(k), Some(v)) = (self.k.get(l), self.v.get(l)) else {
             candle_core::bail!("no layer {l} in this K/V");
         };
-        let (_, n_kv, cap, hd) = k.dims4()?;
-        let shape = attention::Shape {
-            n_head,
-            n_kv,
-            hd,
-            cap,
-            len: self.len + 1,
-        };
+        let (_, _, cap, hd) = k.dims4()?;
+        let (at, n) = (head * cap * hd, (self.len + 1) * hd);
         with_slice(k, |k| {
-            with_slice(v, |v| attention::attend_one(&shape, q, k, v, out))
-        })?
+            with_slice(v, |v| match (k.get(at..at + n), v.get(at..at + n)) {
+                (Some(k), Some(v)) => Ok(f(k, v)),
+                _ => candle_core::bail!("no K/V head {head} of {} positions", self.len + 1),
+            })
+        })??
     }
 
     /// After every layer appended `n` positions.
-    fn advance(&mut self, n: usize) {
+    pub(super) fn advance(&mut self, n: usize) {
         self.len += n;
     }
 }
@@ -233,7 +201,8 @@ pub struct Llama {
     embed: Embedding,
     layers: Vec<Layer>,
     norm: RmsNorm,
-    output: Proj,
+    output: QMatMul,
+    decoder: Decoder,
     cos: Tensor,
     sin: Tensor,
     n_head: usize,
@@ -277,42 +246,51 @@ impl Llama {
             ct.tensor(&mut file, name, &device)
                 .map_err(|e| anyhow::anyhow!("tensor {name}: {e}"))
         };
-        let embed_q = tensor("token_embd.weight")?;
-        let embed = embed_q.dequantize(&device)?;
+        let dense = |t: candle_core::quantized::QTensor| t.dequantize(&device);
+        let embed = dense(tensor("token_embd.weight")?)?;
         let vocab = embed.dim(0)?;
+        let to_vec = |t: &Tensor| t.flatten_all()?.to_vec1::<f32>();
         let norm = RmsNorm {
-            weight: tensor("output_norm.weight")?.dequantize(&device)?,
+            weight: dense(tensor("output_norm.weight")?)?,
             eps,
         };
         let output = match tensor("output.weight") {
-            Ok(t) => Proj::new(t, &device)?,
-            Err(_) => Proj::new(embed_q, &device)?, // tied embeddings
+            Ok(t) => dense(t)?,
+            Err(_) => embed.clone(), // tied embeddings
         };
         let mut layers = Vec::with_capacity(n_layer);
+        let mut decode_layers = Vec::with_capacity(n_layer);
         for i in 0..n_layer {
-            let mut q = |n: &str| -> anyhow::Result<Proj> {
-                Ok(Proj::new(tensor(&format!("blk.{i}.{n}.weight"))?, &device)?)
+            let mut w = |n: &str| -> anyhow::Result<Tensor> {
+                Ok(dense(tensor(&format!("blk.{i}.{n}.weight"))?)?)
             };
-            let (wq, wk, wv, wo) = (q("attn_q")?, q("attn_k")?, q("attn_v")?, q("attn_output")?);
-            let (gate, up, down) = (q("ffn_gate")?, q("ffn_up")?, q("ffn_down")?);
-            let attn_norm = RmsNorm {
-                weight: tensor(&format!("blk.{i}.attn_norm.weight"))?.dequantize(&device)?,
-                eps,
-            };
-            let ffn_norm = RmsNorm {
-                weight: tensor(&format!("blk.{i}.ffn_norm.weight"))?.dequantize(&device)?,
-                eps,
-            };
+            let (wq, wk, wv, wo) = (w("attn_q")?, w("attn_k")?, w("attn_v")?, w("attn_output")?);
+            let (gate, up, down) = (w("ffn_gate")?, w("ffn_up")?, w("ffn_down")?);
+            let (attn_norm, ffn_norm) = (w("attn_norm")?, w("ffn_norm")?);
+            decode_layers.push(DecodeLayer {
+                qkv: DecodeMatrix::new(&[&wq, &wk, &wv])?,
+                wo: DecodeMatrix::new(&[&wo])?,
+                gate_up: DecodeMatrix::new(&[&gate, &up])?,
+                down: DecodeMatrix::new(&[&down])?,
+                attn_norm: to_vec(&attn_norm)?,
+                ffn_norm: to_vec(&ffn_norm)?,
+            });
             layers.push(Layer {
-                wq,
-                wk,
-                wv,
-                wo,
-                attn_norm,
-                gate,
-                up,
-                down,
-                ffn_norm,
+                wq: QMatMul::Tensor(wq),
+                wk: QMatMul::Tensor(wk),
+                wv: QMatMul::Tensor(wv),
+                wo: QMatMul::Tensor(wo),
+                attn_norm: RmsNorm {
+                    weight: attn_norm,
+                    eps,
+                },
+                gate: QMatMul::Tensor(gate),
+                up: QMatMul::Tensor(up),
+                down: QMatMul::Tensor(down),
+                ffn_norm: RmsNorm {
+                    weight: ffn_norm,
+                    eps,
+                },
             });
         }
         let theta: Vec<f32> = (0..rope_dim)
@@ -325,13 +303,30 @@ impl Llama {
             .to_dtype(DType::F32)?
             .reshape((MAX_POSITIONS, 1))?;
         let angles = positions.matmul(&theta)?;
+        let (cos, sin) = (angles.cos()?, angles.sin()?);
+        let decoder = Decoder {
+            layers: decode_layers,
+            norm: to_vec(&norm.weight)?,
+            output: DecodeMatrix::new(&[&output])?,
+            embed: embed.clone(),
+            cos: to_vec(&cos)?,
+            sin: to_vec(&sin)?,
+            n_theta,
+            n_head,
+            n_kv_head,
+            head_dim,
+            hidden,
+            vocab,
+            eps,
+        };
         Ok(Llama {
             embed: Embedding::new(embed, hidden),
             layers,
             norm,
-            output,
-            cos: angles.cos()?,
-            sin: angles.sin()?,
+            output: QMatMul::Tensor(output),
+            decoder,
+            cos,
+            sin,
             n_head,
             n_kv_head,
             head_dim,
@@ -385,93 +380,55 @@ impl Llama {
         };
         for (l, layer) in self.layers.iter().enumerate() {
             let h = layer.attn_norm.forward(&x)?;
-            let (q, k, v) = self.qkv(layer, &h, n, Pass::Prefill)?;
+            let (q, k, v) = self.qkv(layer, &h, n)?;
             let q = candle_nn::rotary_emb::rope_i(&q, &cos, &sin)?;
             let k = candle_nn::rotary_emb::rope_i(&k, &cos, &sin)?;
             let (k, v) = kv.append(l, &k, &v)?;
             let y = self.attend(&q, &k, &v, mask.as_ref())?;
-            x = self.feed_forward(layer, &y, &x, Pass::Prefill)?;
+            x = self.feed_forward(layer, &y, &x)?;
         }
         kv.advance(n);
         let x = self.norm.forward(&x)?;
         let last = x.i((0, n - 1))?;
         self.output
-            .forward(&last.unsqueeze(0)?, Pass::Prefill)?
+            .forward(&last.unsqueeze(0)?)?
             .squeeze(0)?
             .to_dtype(DType::F32)
     }
 
     /// One decode step for several sequences at once: sequence `i` runs token `steps[i].0`
     /// after the positions in its own KV `steps[i].1` (appending to it), and row `i` of the
-    /// result (`[sequences, vocab]`) is its logits. The projections and the feed-forward
-    /// multiply all the sequences' rows by each weight matrix in one pass, which is where a
-    /// decode step spends its time (reading the weights); only attention, over each
-    /// sequence's own K/V, runs per sequence.
+    /// result (`[sequences, vocab]`) is its logits. Each weight matrix is read once for all
+    /// the sequences, which is where a decode step spends its time; only attention, over each
+    /// sequence's own K/V, runs per sequence ([`Decoder::step`]).
     pub fn forward_batch(&self, steps: &mut [(u32, &mut Kv)]) -> Result<Tensor> {
         let b = steps.len();
         if b == 0 {
             candle_core::bail!("an empty batch");
         }
-        let starts: Vec<usize> = steps.iter().map(|(_, kv)| kv.len()).collect();
-        if starts.iter().any(|&p| p + 1 > MAX_POSITIONS) {
+        if steps.iter().any(|(_, kv)| kv.len() + 1 > MAX_POSITIONS) {
             candle_core::bail!("a sequence in the batch is at {MAX_POSITIONS} positions");
         }
-        let tokens: Vec<u32> = steps.iter().map(|(t, _)| *t).collect();
-        let ids = Tensor::new(tokens.as_slice(), &self.device)?.unsqueeze(0)?;
-        let mut x = self.embed.forward(&ids)?;
-        // each row's rotary angles at its own position (rows stand where positions do in a
-        // prompt's forward)
-        let positions: Vec<u32> = starts.iter().map(|&p| p as u32).collect();
-        let positions = Tensor::new(positions.as_slice(), &self.device)?;
-        let cos = self.cos.index_select(&positions, 0)?;
-        let sin = self.sin.index_select(&positions, 0)?;
-        for (l, layer) in self.layers.iter().enumerate() {
-            let h = layer.attn_norm.forward(&x)?;
-            let (q, k, v) = self.qkv(layer, &h, b, Pass::Decode)?;
-            let q = candle_nn::rotary_emb::rope_i(&q, &cos, &sin)?;
-            let k = candle_nn::rotary_emb::rope_i(&k, &cos, &sin)?;
-            // each sequence's attention over its own K/V, on plain slices (see
-            // `attention`), the sequences spread over the cores
-            let (q_all, hd) = (q.flatten_all()?.to_vec1::<f32>()?, self.head_dim);
-            let width = self.n_head * hd;
-            let mut ys = vec![0f32; b * width];
-            ys.par_chunks_mut(width)
-                .zip(steps.par_iter_mut())
-                .enumerate()
-                .try_for_each(|(i, (y, (_, kv)))| -> Result<()> {
-                    let one = |t: &Tensor| t.narrow(2, i, 1)?.contiguous();
-                    kv.append(l, &one(&k)?, &one(&v)?)?;
-                    // q is [1, heads, b, hd]: this sequence's row of every head
-                    let qi: Vec<f32> = (0..self.n_head)
-                        .flat_map(|h| {
-                            q_all[(h * b + i) * hd..(h * b + i + 1) * hd]
-                                .iter()
-                                .copied()
-                        })
-                        .collect();
-                    kv.attend_one(l, &qi, self.n_head, y)
-                })?;
-            let y = Tensor::from_vec(ys, (1, b, width), &self.device)?;
-            x = self.feed_forward(layer, &y, &x, Pass::Decode)?;
-        }
-        for (_, kv) in steps.iter_mut() {
-            kv.advance(1);
-        }
-        let x = self.norm.forward(&x)?.squeeze(0)?;
-        self.output.forward(&x, Pass::Decode)?.to_dtype(DType::F32)
+        let logits = rayon::scope(|_| self.decoder.step(steps))?;
+        Tensor::from_vec(logits, (b, self.vocab), &self.device)
+    }
+
+    /// Bits per weight value of each decode-step matrix, in load order (for logs and tests).
+    pub fn decode_bits(&self) -> Vec<u32> {
+        self.decoder
+            .layers
+            .iter()
+            .flat_map(|l| [&l.qkv, &l.wo, &l.gate_up, &l.down])
+            .chain([&self.decoder.output])
+            .map(|m| m.bits())
+            .collect()
     }
 
     /// Q, K and V of `n` positions' hidden states `h` (`[1, n, hidden]`), each as
     /// `[1, heads, n, head_dim]`, contiguous.
-    fn qkv(
-        &self,
-        layer: &Layer,
-        h: &Tensor,
-        n: usize,
-        pass: Pass,
-    ) -> Result<(Tensor, Tensor, Tensor)> {
-        let heads = |w: &Proj, count: usize| -> Result<Tensor> {
-            w.forward(h, pass)?
+    fn qkv(&self, layer: &Layer, h: &Tensor, n: usize) -> Result<(Tensor, Tensor, Tensor)> {
+        let heads = |w: &QMatMul, count: usize| -> Result<Tensor> {
+            w.forward(h)?
                 .reshape((1, n, count, self.head_dim))?
                 .transpose(1, 2)?
                 .contiguous()
@@ -516,12 +473,11 @@ impl Llama {
 
     /// The attention's output projection and the feed-forward block, each with its residual:
     /// `x + wo(y)`, then that plus the SwiGLU of its norm.
-    fn feed_forward(&self, layer: &Layer, y: &Tensor, x: &Tensor, pass: Pass) -> Result<Tensor> {
-        let x = (layer.wo.forward(y, pass)? + x)?;
+    fn feed_forward(&self, layer: &Layer, y: &Tensor, x: &Tensor) -> Result<Tensor> {
+        let x = (layer.wo.forward(y)? + x)?;
         let h = layer.ffn_norm.forward(&x)?;
-        let act = (candle_nn::ops::silu(&layer.gate.forward(&h, pass)?)?
-            * layer.up.forward(&h, pass)?)?;
-        let ff = layer.down.forward(&act, pass)?;
+        let act = (candle_nn::ops::silu(&layer.gate.forward(&h)?)? * layer.up.forward(&h)?)?;
+        let ff = layer.down.forward(&act)?;
         ff + &x
     }
 }

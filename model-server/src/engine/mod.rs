@@ -4,7 +4,9 @@
 pub mod attention;
 pub mod batcher;
 pub mod candle_engine;
+pub mod decode;
 pub mod llama;
+pub mod q4;
 pub mod q8;
 pub mod sim;
 #[cfg(target_feature = "avx2")]

@@ -1,11 +1,13 @@
 //! The decode step's weight matrices in 8 bits (blocks of 32 values sharing one f32 scale, as
-//! GGML's Q8_0), multiplied so that each weight block is read once for the whole batch.
+//! GGML's Q8_0), the activations they multiply (encoded the same way per step), and the
+//! multiplication both this and the 4-bit matrices ([`super::q4`]) use: each weight block is
+//! read once for the whole batch.
 //!
 //! A decode step's cost is reading the weights: at f32 that is ~0.5 GB per step for
-//! SmolLM2-135M, about 18 steps/s on this machine's memory. Re-encoding the GGUF's 4-bit
-//! values (Q4_1) in 8 bits is nearly exact (each block's 16 levels land on a 255-level grid)
-//! and reads a quarter of the bytes. The activations are encoded the same way per step, so a
-//! block's dot product is exact integer arithmetic times two scales.
+//! SmolLM2-135M, about 18 steps/s on this machine's memory. A matrix the GGUF holds in 8 bits
+//! (its Q8_0 token embedding, which is also the output projection) is re-encoded here exactly
+//! enough (each block's 255 levels land on the same grid). With the activations in 8 bits as
+//! well, a block's dot product is exact integer arithmetic times two scales.
 //!
 //! Why not candle's quantized matmul, which has the same arithmetic: it walks the batch's rows
 //! outermost, so eight sequences read the weights eight times (measured: 8 sequences decoding
@@ -15,14 +17,14 @@
 //! stays on f32 weights, where a chunk's many rows make the matmul compute-bound and candle's
 //! f32 gemm is fastest.
 
-use candle_core::{Device, Result, Tensor};
+use candle_core::Result;
 use rayon::prelude::*;
 
 /// Values per block (one scale each).
 pub const BLOCK: usize = 32;
 
 /// Sequences dotted with one weight block while it is in registers.
-const ROWS_AT_ONCE: usize = 4;
+pub const ROWS_AT_ONCE: usize = 4;
 
 /// Output features per parallel task: small enough to spread a 576-wide projection over the
 /// cores, large enough that a task outlasts its scheduling (2 to 16 tasks per matrix measured
@@ -73,6 +75,114 @@ impl Rows {
     }
 }
 
+/// Whether `len` values make whole rows of `width`, and a row whole blocks.
+pub fn whole_rows(len: usize, width: usize) -> bool {
+    width > 0 && width.is_multiple_of(BLOCK) && len.is_multiple_of(width)
+}
+
+/// One activation row as the kernels read it: 8-bit values, each block's scale, and each
+/// block's sum (scale × Σ values; the 4-bit kernels need it for their blocks' offsets).
+#[derive(Clone, Copy)]
+pub struct ActRow<'a> {
+    pub q: &'a [i8],
+    pub d: &'a [f32],
+    pub s: &'a [f32],
+}
+
+/// A batch's activation rows (`rows × width`, row-major) in 8 bits, ready to multiply.
+pub struct Act {
+    rows: usize,
+    x: Rows,
+    s: Vec<f32>,
+}
+
+impl Act {
+    /// Encodes `values` (rows of `width`, a multiple of 32).
+    pub fn encode(values: &[f32], width: usize) -> Result<Act> {
+        if !whole_rows(values.len(), width) {
+            candle_core::bail!(
+                "{} values in rows of {width}, which must be a multiple of {BLOCK}",
+                values.len()
+            );
+        }
+        let x = Rows::encode(values, width);
+        let s =
+            x.q.chunks(BLOCK)
+                .zip(&x.d)
+                .map(|(q, d)| d * q.iter().map(|&v| v as i32).sum::<i32>() as f32)
+                .collect();
+        Ok(Act {
+            rows: values.len() / width,
+            x,
+            s,
+        })
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn width(&self) -> usize {
+        self.x.width
+    }
+
+    pub(super) fn row(&self, r: usize) -> ActRow<'_> {
+        let (q, d) = self.x.row(r);
+        let per_row = self.x.width / BLOCK;
+        ActRow {
+            q,
+            d,
+            s: &self.s[r * per_row..(r + 1) * per_row],
+        }
+    }
+}
+
+/// A weight matrix `[out, in]` in some block encoding, as [`multiply`] reads it.
+pub trait BlockMatrix: Sync {
+    /// Output features (rows of the matrix).
+    fn out(&self) -> usize;
+    /// Input features (a multiple of [`BLOCK`]).
+    fn width(&self) -> usize;
+    /// `dst[r] = row(col) · xs[r]` for up to [`ROWS_AT_ONCE`] activation rows. Every row must
+    /// go through the same arithmetic in the same order whatever the group's size, so that a
+    /// sequence's numbers do not depend on what it is batched with.
+    fn dot_rows(&self, col: usize, xs: &[ActRow<'_>], dst: &mut [f32]);
+}
+
+/// `out = x · Wᵀ`, row-major `[x.rows(), w.out()]`; the matrix's rows are spread over the cores,
+/// and each is dotted with every activation row while its blocks are in registers.
+pub fn multiply(w: &impl BlockMatrix, x: &Act, out: &mut [f32]) -> Result<()> {
+    let rows = x.rows();
+    if x.width() != w.width() || out.len() != rows * w.out() {
+        candle_core::bail!(
+            "{rows} rows of {} features into a {}×{} matrix, {} outputs",
+            x.width(),
+            w.out(),
+            w.width(),
+            out.len()
+        );
+    }
+    let xs: Vec<ActRow<'_>> = (0..rows).map(|r| x.row(r)).collect();
+    // column-major first: each weight row's dot products with every input row together
+    let mut out_t = vec![0f32; w.out() * rows];
+    out_t
+        .par_chunks_mut(COLUMNS_PER_TASK * rows)
+        .enumerate()
+        .for_each(|(task, chunk)| {
+            for (j, col) in chunk.chunks_mut(rows).enumerate() {
+                for (dst, group) in col.chunks_mut(ROWS_AT_ONCE).zip(xs.chunks(ROWS_AT_ONCE)) {
+                    w.dot_rows(task * COLUMNS_PER_TASK + j, group, dst);
+                }
+            }
+        });
+    for (c, col) in out_t.chunks(rows).enumerate() {
+        for (r, v) in col.iter().enumerate() {
+            out[r * w.out() + c] = *v;
+        }
+    }
+    Ok(())
+}
+
 /// A weight matrix `[out, in]` in 8 bits, row by row.
 pub struct Q8Matrix {
     out: usize,
@@ -80,63 +190,43 @@ pub struct Q8Matrix {
 }
 
 impl Q8Matrix {
-    /// Encodes an f32 matrix `[out, in]`; `in` must be a multiple of 32.
-    pub fn new(w: &Tensor) -> Result<Q8Matrix> {
-        let (out, inp) = w.dims2()?;
-        if inp % BLOCK != 0 {
+    /// Encodes `values`, `out` rows of `width` (a multiple of 32) each.
+    pub fn new(values: &[f32], width: usize) -> Result<Q8Matrix> {
+        if !whole_rows(values.len(), width) {
             candle_core::bail!(
-                "an 8-bit matrix needs rows of a multiple of {BLOCK} values, not {inp}"
+                "an 8-bit matrix needs rows of a multiple of {BLOCK} values, not {width}"
             );
         }
-        let values = w.flatten_all()?.to_vec1::<f32>()?;
         Ok(Q8Matrix {
-            out,
-            w: Rows::encode(&values, inp),
+            out: values.len() / width,
+            w: Rows::encode(values, width),
         })
     }
+}
 
-    /// `x · Wᵀ` for `x` of shape `[.., in]`, f32, shaped `[.., out]`.
-    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let dims = x.dims().to_vec();
-        let Some((&inp, lead)) = dims.split_last() else {
-            candle_core::bail!("a scalar input");
-        };
-        if inp != self.w.width {
-            candle_core::bail!("input of {inp} features for a matrix of {}", self.w.width);
-        }
-        let rows: usize = lead.iter().product();
-        let xs = Rows::encode(&x.flatten_all()?.to_vec1::<f32>()?, inp);
-        let xs: Vec<(&[i8], &[f32])> = (0..rows).map(|r| xs.row(r)).collect();
-        // column-major result: each weight row's dot products with every input row together
-        let mut out_t = vec![0f32; self.out * rows];
-        out_t
-            .par_chunks_mut(COLUMNS_PER_TASK * rows)
-            .enumerate()
-            .for_each(|(task, chunk)| {
-                for (j, col) in chunk.chunks_mut(rows).enumerate() {
-                    let w = self.w.row(task * COLUMNS_PER_TASK + j);
-                    for (dst, group) in col.chunks_mut(ROWS_AT_ONCE).zip(xs.chunks(ROWS_AT_ONCE)) {
-                        dot_rows(w, group, dst);
-                    }
-                }
-            });
-        let mut shape = lead.to_vec();
-        shape.push(self.out);
-        Tensor::from_vec(out_t, (self.out, rows), &Device::Cpu)?
-            .t()?
-            .contiguous()?
-            .reshape(shape)
+impl BlockMatrix for Q8Matrix {
+    fn out(&self) -> usize {
+        self.out
+    }
+
+    fn width(&self) -> usize {
+        self.w.width
+    }
+
+    fn dot_rows(&self, col: usize, xs: &[ActRow<'_>], dst: &mut [f32]) {
+        dot_rows(self.w.row(col), xs, dst)
     }
 }
 
 /// `dst[r] = w · xs[r]` for up to [`ROWS_AT_ONCE`] rows, each weight block loaded once.
-/// Every row goes through the same arithmetic in the same order whatever the group's size,
-/// so a row's result does not depend on what it is batched with.
-fn dot_rows(w: (&[i8], &[f32]), xs: &[(&[i8], &[f32])], dst: &mut [f32]) {
+fn dot_rows(w: (&[i8], &[f32]), xs: &[ActRow<'_>], dst: &mut [f32]) {
     #[cfg(target_feature = "avx2")]
     {
-        fn fill<const R: usize>(w: (&[i8], &[f32]), xs: &[(&[i8], &[f32])], dst: &mut [f32]) {
-            let mut group = [w; R];
+        fn fill<const R: usize>(w: (&[i8], &[f32]), xs: &[ActRow<'_>], dst: &mut [f32]) {
+            let Some(first) = xs.first() else {
+                return;
+            };
+            let mut group = [*first; R];
             for (slot, x) in group.iter_mut().zip(xs) {
                 *slot = *x;
             }
@@ -161,10 +251,10 @@ fn dot_rows(w: (&[i8], &[f32]), xs: &[(&[i8], &[f32])], dst: &mut [f32]) {
 /// One row's dot product, block by block: exact integer sums times both scales (the
 /// definition the SIMD kernel is tested against, and the kernel of builds without AVX2).
 #[cfg_attr(target_feature = "avx2", allow(dead_code))]
-fn dot_scalar((wq, wd): (&[i8], &[f32]), (xq, xd): (&[i8], &[f32])) -> f32 {
+fn dot_scalar((wq, wd): (&[i8], &[f32]), x: ActRow<'_>) -> f32 {
     wq.chunks(BLOCK)
-        .zip(xq.chunks(BLOCK))
-        .zip(wd.iter().zip(xd))
+        .zip(x.q.chunks(BLOCK))
+        .zip(wd.iter().zip(x.d))
         .map(|((w, x), (dw, dx))| {
             let s: i32 = w.iter().zip(x).map(|(&a, &b)| a as i32 * b as i32).sum();
             s as f32 * dw * dx
@@ -178,16 +268,16 @@ mod avx2 {
     //! it, summed in pairs to 16 bits (at most 2·127·127, no saturation: values are in
     //! ±127) and to 32 bits, then scaled in f32.
 
-    use super::BLOCK;
+    use super::{ActRow, BLOCK};
     use std::arch::x86_64::*;
 
-    pub fn dot<const R: usize>((wq, wd): (&[i8], &[f32]), xs: [(&[i8], &[f32]); R]) -> [f32; R] {
+    pub fn dot<const R: usize>((wq, wd): (&[i8], &[f32]), xs: [ActRow<'_>; R]) -> [f32; R] {
         let blocks = wd.len();
         let mut out = [0f32; R];
         if wq.len() < blocks * BLOCK
             || xs
                 .iter()
-                .any(|(q, d)| q.len() < blocks * BLOCK || d.len() < blocks)
+                .any(|x| x.q.len() < blocks * BLOCK || x.d.len() < blocks)
         {
             return out;
         }
@@ -201,11 +291,11 @@ mod avx2 {
                 let aw = _mm256_sign_epi8(w, w);
                 let dw = *wd.get_unchecked(b);
                 for r in 0..R {
-                    let (xq, xd) = xs[r];
-                    let x = _mm256_loadu_si256(xq.as_ptr().add(b * BLOCK).cast());
-                    let sx = _mm256_sign_epi8(x, w);
+                    let x = xs[r];
+                    let xq = _mm256_loadu_si256(x.q.as_ptr().add(b * BLOCK).cast());
+                    let sx = _mm256_sign_epi8(xq, w);
                     let p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones);
-                    let s = _mm256_set1_ps(dw * *xd.get_unchecked(b));
+                    let s = _mm256_set1_ps(dw * *x.d.get_unchecked(b));
                     acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[r]);
                 }
             }
@@ -218,45 +308,72 @@ mod avx2 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    /// The 8-bit product matches the f32 one within the encoding's error, for one row and
-    /// for a batch, and a batch's rows equal each row's alone exactly (batches of 1 to 9, so
-    /// groups of every size are covered).
-    #[test]
-    fn matches_f32_and_rows_are_independent() -> Result<()> {
-        let dev = Device::Cpu;
-        let (out, inp) = (70, 96);
-        let w = Tensor::randn(0f32, 0.1, (out, inp), &dev)?;
-        let q = Q8Matrix::new(&w)?;
+    /// Deterministic values in [-1, 1).
+    pub fn values(n: usize, seed: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * 7919 + seed * 104_729) % 1999) as f32 / 999.5 - 1.0)
+            .collect()
+    }
+
+    /// `w` (`out × width` f32, row-major) times `x`'s rows, in f64.
+    fn reference(w: &[f32], x: &[f32], width: usize) -> Vec<f32> {
+        x.chunks(width)
+            .flat_map(|xr| {
+                w.chunks(width).map(move |wr| {
+                    wr.iter()
+                        .zip(xr)
+                        .map(|(a, b)| *a as f64 * *b as f64)
+                        .sum::<f64>() as f32
+                })
+            })
+            .collect()
+    }
+
+    /// A block matrix's product matches the f32 one within `tolerance` of the largest value,
+    /// for batches of 1 to 9 rows (groups of every size), and each row of a batch equals
+    /// that row multiplied alone, bit for bit.
+    pub fn check(m: &impl BlockMatrix, w: &[f32], tolerance: f32) {
+        let width = m.width();
         for batch in 1..=9 {
-            let x = Tensor::randn(0f32, 1.0, (1, batch, inp), &dev)?;
-            let got = q.forward(&x)?;
-            assert_eq!(got.dims(), &[1, batch, out]);
-            let want = x.broadcast_matmul(&w.t()?)?;
-            let err = (&got - &want)?.abs()?.max_all()?.to_scalar::<f32>()?;
-            let scale = want.abs()?.max_all()?.to_scalar::<f32>()?;
+            let x = values(batch * width, batch);
+            let act = Act::encode(&x, width).unwrap();
+            let mut got = vec![0f32; batch * m.out()];
+            multiply(m, &act, &mut got).unwrap();
+            let want = reference(w, &x, width);
+            let scale = want.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let err = got
+                .iter()
+                .zip(&want)
+                .fold(0f32, |a, (g, w)| a.max((g - w).abs()));
             assert!(
-                err < 0.02 * scale,
+                err <= tolerance * scale,
                 "error {err} against values up to {scale}"
             );
-            for r in 0..batch {
-                let alone = q.forward(&x.narrow(1, r, 1)?)?;
-                let together = got.narrow(1, r, 1)?;
-                let diff = (&alone - &together)?.abs()?.max_all()?.to_scalar::<f32>()?;
-                assert_eq!(diff, 0.0, "row {r} of {batch} differs in a batch");
+            for (r, together) in got.chunks(m.out()).enumerate() {
+                let alone_act = Act::encode(&x[r * width..(r + 1) * width], width).unwrap();
+                let mut alone = vec![0f32; m.out()];
+                multiply(m, &alone_act, &mut alone).unwrap();
+                assert_eq!(alone, together, "row {r} of {batch} differs in a batch");
             }
         }
-        Ok(())
+    }
+
+    #[test]
+    fn matches_f32_and_rows_are_independent() {
+        let (out, width) = (70, 96);
+        let w = values(out * width, 0);
+        check(&Q8Matrix::new(&w, width).unwrap(), &w, 0.02);
     }
 
     /// The SIMD kernel computes what the block-by-block definition does.
     #[test]
-    fn the_kernel_agrees_with_the_definition() -> Result<()> {
-        let dev = Device::Cpu;
-        let w = Rows::encode(&Tensor::randn(0f32, 1.0, 3 * 160, &dev)?.to_vec1()?, 160);
-        let x = Rows::encode(&Tensor::randn(0f32, 1.0, 3 * 160, &dev)?.to_vec1()?, 160);
+    fn the_kernel_agrees_with_the_definition() {
+        let width = 160;
+        let w = Rows::encode(&values(3 * width, 1), width);
+        let x = Act::encode(&values(3 * width, 2), width).unwrap();
         let xs: Vec<_> = (0..3).map(|r| x.row(r)).collect();
         for c in 0..3 {
             let mut got = [0f32; 3];
@@ -269,12 +386,14 @@ mod tests {
                 );
             }
         }
-        Ok(())
     }
 
     #[test]
     fn rejects_rows_not_in_whole_blocks() {
-        let w = Tensor::zeros((4, 40), candle_core::DType::F32, &Device::Cpu);
-        assert!(w.and_then(|w| Q8Matrix::new(&w)).is_err());
+        assert!(Q8Matrix::new(&[0.0; 160], 40).is_err());
+        assert!(Act::encode(&[0.0; 160], 40).is_err());
+        let m = Q8Matrix::new(&[0.0; 128], 64).unwrap();
+        let x = Act::encode(&[0.0; 32], 32).unwrap();
+        assert!(multiply(&m, &x, &mut [0.0; 2]).is_err());
     }
 }
