@@ -4,13 +4,16 @@
 //! Through candle's tensor operations this was a dozen small operations (narrow, copy, two
 //! matmuls that pack their operands, scale, softmax, reshape) per sequence and layer: one
 //! sequence's step spent 5.9 ms of 23 in them at ~260 positions, 8 sequences' 16 ms of 55.
-//! Here it is 2–2.5 ms for one sequence and ~12.5 ms for eight, which is close to reading
-//! their K/V once (f32, ~0.46 MB per sequence and layer at 300 positions: as many bytes per
-//! step for 8 sequences as the 8-bit weights).
+//! On slices it measured 2–2.5 ms for one sequence and ~12.5 ms for eight with f32 K/V, and
+//! ~1.1 and ~8 ms with the f16 K/V held now ([`super::llama::KV_DTYPE`]), converted eight
+//! values at a time (F16C).
+
+use half::f16;
 
 /// `out` = softmax(q·Kᵀ/√hd)·V for one head's query `q` (`hd` values, rotary applied) over
-/// the positions of that head's `k` and `v` (`positions × hd` each, as many in both).
-pub fn attend_head(q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]) {
+/// the positions of that head's `k` and `v` (`positions × hd` each, as many in both; f16, as
+/// the K/V are held).
+pub fn attend_head(q: &[f32], k: &[f16], v: &[f16], out: &mut [f32]) {
     let hd = q.len();
     out.fill(0.0);
     if hd == 0 || k.len() != v.len() || !k.len().is_multiple_of(hd) {
@@ -25,16 +28,39 @@ pub fn attend_head(q: &[f32], k: &[f32], v: &[f32], out: &mut [f32]) {
         sum += *sc;
     }
     for (p, vj) in scores.iter().zip(v.chunks_exact(hd)) {
-        let w = p / sum;
-        for (o, x) in out.iter_mut().zip(vj) {
-            *o += w * x;
+        add_scaled(out, p / sum, vj);
+    }
+}
+
+/// `out += w · v`.
+fn add_scaled(out: &mut [f32], w: f32, v: &[f16]) {
+    #[cfg(target_feature = "avx2")]
+    {
+        use std::arch::x86_64::*;
+        let n = out.len().min(v.len()) / 8 * 8;
+        // SAFETY: each access covers 8 values at `i < n`, `n` at most either slice's length
+        // rounded down to a multiple of 8; AVX2, FMA and F16C are enabled for the whole build.
+        unsafe {
+            let w8 = _mm256_set1_ps(w);
+            for i in (0..n).step_by(8) {
+                let x = _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().add(i).cast()));
+                let o = out.as_mut_ptr().add(i);
+                _mm256_storeu_ps(o, _mm256_fmadd_ps(w8, x, _mm256_loadu_ps(o)));
+            }
         }
+        for (o, x) in out[n..].iter_mut().zip(&v[n..]) {
+            *o += w * x.to_f32();
+        }
+    }
+    #[cfg(not(target_feature = "avx2"))]
+    for (o, x) in out.iter_mut().zip(v) {
+        *o += w * x.to_f32();
     }
 }
 
 /// A dot product; with AVX2, eight lanes of fused multiply-adds (the compiler does not
 /// vectorize a float sum by itself: it may not reorder the additions).
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+fn dot(a: &[f32], b: &[f16]) -> f32 {
     #[cfg(target_feature = "avx2")]
     {
         use std::arch::x86_64::*;
@@ -45,17 +71,21 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
             let mut acc = _mm256_setzero_ps();
             for i in (0..n).step_by(8) {
                 let x = _mm256_loadu_ps(a.as_ptr().add(i));
-                let y = _mm256_loadu_ps(b.as_ptr().add(i));
+                let y = _mm256_cvtph_ps(_mm_loadu_si128(b.as_ptr().add(i).cast()));
                 acc = _mm256_fmadd_ps(x, y, acc);
             }
             acc
         };
         let head = super::simd::hsum(acc);
-        let tail: f32 = a[n..].iter().zip(&b[n..]).map(|(x, y)| x * y).sum();
+        let tail: f32 = a[n..]
+            .iter()
+            .zip(&b[n..])
+            .map(|(x, y)| x * y.to_f32())
+            .sum();
         head + tail
     }
     #[cfg(not(target_feature = "avx2"))]
-    a.iter().zip(b).map(|(x, y)| x * y).sum()
+    a.iter().zip(b).map(|(x, y)| x * y.to_f32()).sum()
 }
 
 #[cfg(test)]
@@ -68,16 +98,20 @@ mod tests {
         let (hd, len) = (12, 7);
         let val = |i: usize| ((i * 7919) % 97) as f32 / 50.0 - 1.0;
         let q: Vec<f32> = (0..hd).map(val).collect();
-        let k: Vec<f32> = (0..len * hd).map(|i| val(i + 5)).collect();
-        let v: Vec<f32> = (0..len * hd).map(|i| val(i + 11)).collect();
+        let k: Vec<f16> = (0..len * hd).map(|i| f16::from_f32(val(i + 5))).collect();
+        let v: Vec<f16> = (0..len * hd).map(|i| f16::from_f32(val(i + 11))).collect();
         let mut got = vec![0f32; hd];
         attend_head(&q, &k, &v, &mut got);
         let logits: Vec<f32> = (0..len)
-            .map(|j| (0..hd).map(|d| q[d] * k[j * hd + d]).sum::<f32>() / (hd as f32).sqrt())
+            .map(|j| {
+                (0..hd).map(|d| q[d] * k[j * hd + d].to_f32()).sum::<f32>() / (hd as f32).sqrt()
+            })
             .collect();
         let z: f32 = logits.iter().map(|l| l.exp()).sum();
         for d in 0..hd {
-            let want: f32 = (0..len).map(|j| logits[j].exp() / z * v[j * hd + d]).sum();
+            let want: f32 = (0..len)
+                .map(|j| logits[j].exp() / z * v[j * hd + d].to_f32())
+                .sum();
             assert!(
                 (got[d] - want).abs() < 1e-5,
                 "dim {d}: {} vs {want}",

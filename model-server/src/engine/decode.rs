@@ -114,7 +114,7 @@ impl Decoder {
         let (q_width, kv_width) = (self.n_head * hd, self.n_kv_head * hd);
         let positions: Vec<usize> = steps.iter().map(|(_, kv)| kv.len()).collect();
         let mut x = vec![0f32; b * hidden];
-        with_slice(&self.embed, |e| -> Result<()> {
+        with_slice(&self.embed, |e: &[f32]| -> Result<()> {
             for (row, (token, _)) in x.chunks_mut(hidden).zip(steps.iter()) {
                 let at = *token as usize * hidden;
                 let Some(values) = e.get(at..at + hidden) else {

@@ -46,8 +46,15 @@ struct Layer {
     ffn_norm: RmsNorm,
 }
 
+/// The type K/V are held in: f16, as vLLM and llama.cpp hold theirs by default. Half the
+/// bytes of f32 for the prefix cache to keep and for a decode step's attention to read (with
+/// eight sequences at ~300 positions, their f32 K/V were more bytes per step than the
+/// weights); every pass reads the same rounded values, whether they were just computed or
+/// came from the cache.
+pub const KV_DTYPE: DType = DType::F16;
+
 /// Per-layer K and V of the first `len` positions, each tensor `[1, kv_heads, capacity,
-/// head_dim]`. A sequence being computed keeps room beyond `len` (see [`Kv::append`]), so a
+/// head_dim]` in [`KV_DTYPE`]. A sequence being computed keeps room beyond `len` (see [`Kv::append`]), so a
 /// decode step writes one position in place instead of copying all of them; a block cut out
 /// for the cache ([`Kv::slice`]) holds exactly its positions. Not `Clone`: copies would share
 /// the room beyond `len`, and each one's appends would overwrite the other's.
@@ -58,13 +65,16 @@ pub struct Kv {
     len: usize,
 }
 
-/// Runs `f` on the values of a contiguous f32 tensor on the CPU.
-pub(super) fn with_slice<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+/// Runs `f` on the values of a contiguous tensor on the CPU.
+pub(super) fn with_slice<T: candle_core::WithDType, R>(
+    t: &Tensor,
+    f: impl FnOnce(&[T]) -> R,
+) -> Result<R> {
     let (storage, layout) = t.storage_and_layout();
     let candle_core::Storage::Cpu(cpu) = &*storage else {
-        candle_core::bail!("a K/V tensor not on the CPU");
+        candle_core::bail!("a tensor not on the CPU");
     };
-    let all = cpu.as_slice::<f32>()?;
+    let all = cpu.as_slice::<T>()?;
     match layout.contiguous_offsets().and_then(|(a, b)| all.get(a..b)) {
         Some(values) => Ok(f(values)),
         None => candle_core::bail!("a K/V tensor not contiguous"),
@@ -126,24 +136,23 @@ impl Kv {
         Ok(Some(Kv { k, v, len }))
     }
 
-    /// Bytes of the positions held (f32).
+    /// Bytes of the positions held.
     pub fn bytes(&self) -> usize {
         self.k
             .iter()
             .chain(&self.v)
             .map(|t| match t.dims() {
-                [_, heads, _, dim] => heads * dim * self.len * 4,
+                [_, heads, _, dim] => heads * dim * self.len * t.dtype().size_in_bytes(),
                 _ => 0,
             })
             .sum()
     }
 
-    /// Writes layer `l`'s K and V of `n` new positions (`[1, kv_heads, n, head_dim]`) after
-    /// the `len` held, growing the room when needed (by a quarter, at least [`HEADROOM`]
-    /// positions: a copy every so many steps instead of every step), and returns K and V of
-    /// all `len + n` positions. `len` itself moves on with [`Kv::advance`], once every layer
-    /// has its positions.
-    pub(super) fn append(&mut self, l: usize, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+    /// Writes layer `l`'s K and V of `n` new positions (`[1, kv_heads, n, head_dim]`, any
+    /// float type) after the `len` held, growing the room when needed (by a quarter, at least
+    /// [`HEADROOM`] positions: a copy every so many steps instead of every step). `len`
+    /// itself moves on with [`Kv::advance`], once every layer has its positions.
+    pub(super) fn append(&mut self, l: usize, k: &Tensor, v: &Tensor) -> Result<()> {
         let n = k.dim(2)?;
         let need = self.len + n;
         let len = self.len;
@@ -165,9 +174,18 @@ impl Kv {
         };
         grow(ck)?;
         grow(cv)?;
-        ck.slice_set(&k.contiguous()?, 2, len)?;
-        cv.slice_set(&v.contiguous()?, 2, len)?;
-        Ok((ck.narrow(2, 0, need)?, cv.narrow(2, 0, need)?))
+        ck.slice_set(&k.to_dtype(KV_DTYPE)?.contiguous()?, 2, len)?;
+        cv.slice_set(&v.to_dtype(KV_DTYPE)?.contiguous()?, 2, len)?;
+        Ok(())
+    }
+
+    /// Layer `l`'s K and V of the first `n` positions (held or just appended), in f32.
+    fn in_f32(&self, l: usize, n: usize) -> Result<(Tensor, Tensor)> {
+        let (Some(k), Some(v)) = (self.k.get(l), self.v.get(l)) else {
+            candle_core::bail!("no layer {l} in this K/V");
+        };
+        let f32 = |t: &Tensor| t.narrow(2, 0, n)?.to_dtype(DType::F32);
+        Ok((f32(k)?, f32(v)?))
     }
 
     /// Runs `f` on layer `l`'s K and V of K/V head `head`, over the positions held plus the
@@ -176,7 +194,7 @@ impl Kv {
         &self,
         l: usize,
         head: usize,
-        f: impl FnOnce(&[f32], &[f32]) -> R,
+        f: impl FnOnce(&[half::f16], &[half::f16]) -> R,
     ) -> Result<R> {
         let (Some(k), Some(v)) = (self.k.get(l), self.v.get(l)) else {
             candle_core::bail!("no layer {l} in this K/V");
@@ -339,7 +357,7 @@ impl Llama {
     pub fn empty_kv(&self) -> Result<Kv> {
         let empty = Tensor::zeros(
             (1, self.n_kv_head, 0, self.head_dim),
-            DType::F32,
+            KV_DTYPE,
             &self.device,
         )?;
         Ok(Kv {
@@ -383,7 +401,8 @@ impl Llama {
             let (q, k, v) = self.qkv(layer, &h, n)?;
             let q = candle_nn::rotary_emb::rope_i(&q, &cos, &sin)?;
             let k = candle_nn::rotary_emb::rope_i(&k, &cos, &sin)?;
-            let (k, v) = kv.append(l, &k, &v)?;
+            kv.append(l, &k, &v)?;
+            let (k, v) = kv.in_f32(l, start + n)?;
             let y = self.attend(&q, &k, &v, mask.as_ref())?;
             x = self.feed_forward(layer, &y, &x)?;
         }
