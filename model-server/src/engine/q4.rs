@@ -13,11 +13,13 @@
 //! integer sum of unsigned-by-signed products, plus the activation block's sum (kept with the
 //! activations, [`ActRow::s`]) times the offset.
 
-use super::q8::{whole_rows, ActRow, BlockMatrix, BLOCK, ROWS_AT_ONCE};
+use super::q8::{dot_group, whole_rows, ActRow, BlockMatrix, RowKernel, BLOCK, WIDE};
 use rayon::prelude::*;
 
-/// Bytes of one block's 32 4-bit values: byte `j` holds value `j` (low nibble) and `j + 16`.
-const PACKED: usize = BLOCK / 2;
+/// Values per pair of blocks, the unit the kernels read: 32 bytes, byte `j` holding value `j`
+/// of the first block (low nibble) and value `j` of the second (high nibble), so that one
+/// 32-byte load and two masks give both blocks' values in the order the activations are.
+const PAIR: usize = 2 * BLOCK;
 
 /// A weight matrix `[out, in]` in 4-bit blocks.
 pub struct Q4Matrix {
@@ -34,21 +36,32 @@ pub struct Q4Matrix {
 const EXACT: f32 = 1e-5;
 
 impl Q4Matrix {
-    /// Encodes `values` (`out` rows of `width`, a multiple of 32) when each block's values lie
+    /// Encodes `values` (`out` rows of `width`, a multiple of 64) when each block's values lie
     /// on a 16-level grid from its smallest to its largest value; `None` when any does not.
     pub fn exact(values: &[f32], width: usize) -> Option<Q4Matrix> {
-        if !whole_rows(values.len(), width) {
+        if !whole_rows(values.len(), width) || !width.is_multiple_of(PAIR) {
             return None;
         }
         let blocks = values.len() / BLOCK;
-        let mut qs = vec![0u8; blocks * PACKED];
+        let mut qs = vec![0u8; values.len() / 2];
         let mut d = vec![0f32; blocks];
         let mut m = vec![0f32; blocks];
         let exact = values
-            .par_chunks(BLOCK)
-            .zip(qs.par_chunks_mut(PACKED))
-            .zip(d.par_iter_mut().zip(m.par_iter_mut()))
-            .all(|((v, packed), (d, m))| encode_block(v, packed, d, m));
+            .par_chunks(PAIR)
+            .zip(qs.par_chunks_mut(BLOCK))
+            .zip(d.par_chunks_mut(2).zip(m.par_chunks_mut(2)))
+            .all(|((v, packed), (d, m))| {
+                let (Some(a), Some(b)) = (
+                    encode_block(&v[..BLOCK], &mut d[0], &mut m[0]),
+                    encode_block(&v[BLOCK..], &mut d[1], &mut m[1]),
+                ) else {
+                    return false;
+                };
+                for ((byte, a), b) in packed.iter_mut().zip(a).zip(b) {
+                    *byte = a | (b << 4);
+                }
+                true
+            });
         exact.then_some(Q4Matrix {
             out: values.len() / width,
             width,
@@ -59,26 +72,27 @@ impl Q4Matrix {
     }
 
     /// Row `r`'s packed values, scales and offsets.
-    fn row(&self, r: usize) -> (&[u8], &[f32], &[f32]) {
+    fn row(&self, r: usize) -> Q4Row<'_> {
         let per_row = self.width / BLOCK;
         let blocks = r * per_row..(r + 1) * per_row;
-        (
-            &self.qs[blocks.start * PACKED..blocks.end * PACKED],
-            &self.d[blocks.clone()],
-            &self.m[blocks],
-        )
+        Q4Row {
+            qs: &self.qs[blocks.start * BLOCK / 2..blocks.end * BLOCK / 2],
+            d: &self.d[blocks.clone()],
+            m: &self.m[blocks],
+        }
     }
 }
 
-/// Encodes one block; false when its values are not on the grid.
-fn encode_block(v: &[f32], packed: &mut [u8], d: &mut f32, m: &mut f32) -> bool {
+/// One block's 4-bit values (scale and offset into `d`, `m`); `None` when its values are not
+/// on the grid.
+fn encode_block(v: &[f32], d: &mut f32, m: &mut f32) -> Option<[u8; BLOCK]> {
     let (lo, hi) = v
         .iter()
         .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &x| {
             (lo.min(x), hi.max(x))
         });
     if !lo.is_finite() || !hi.is_finite() {
-        return false;
+        return None;
     }
     *m = lo;
     *d = (hi - lo) / 15.0;
@@ -88,13 +102,10 @@ fn encode_block(v: &[f32], packed: &mut [u8], d: &mut f32, m: &mut f32) -> bool 
     for (q, &x) in q.iter_mut().zip(v) {
         *q = ((x - lo) * inv).round().clamp(0.0, 15.0) as u8;
         if (lo + *d * *q as f32 - x).abs() > tolerance {
-            return false;
+            return None;
         }
     }
-    for (j, byte) in packed.iter_mut().enumerate() {
-        *byte = q[j] | (q[j + PACKED] << 4);
-    }
-    true
+    Some(q)
 }
 
 impl BlockMatrix for Q4Matrix {
@@ -107,111 +118,175 @@ impl BlockMatrix for Q4Matrix {
     }
 
     fn dot_rows(&self, col: usize, xs: &[ActRow<'_>], dst: &mut [f32]) {
-        let w = self.row(col);
-        #[cfg(target_feature = "avx2")]
-        {
-            fn fill<const R: usize>(
-                w: (&[u8], &[f32], &[f32]),
-                xs: &[ActRow<'_>],
-                dst: &mut [f32],
-            ) {
-                let Some(first) = xs.first() else {
-                    return;
-                };
-                let mut group = [*first; R];
-                for (slot, x) in group.iter_mut().zip(xs) {
-                    *slot = *x;
-                }
-                for (d, v) in dst.iter_mut().zip(avx2::dot(w, group)) {
-                    *d = v;
-                }
-            }
-            match xs.len() {
-                0 => {}
-                1 => fill::<1>(w, xs, dst),
-                2 => fill::<2>(w, xs, dst),
-                3 => fill::<3>(w, xs, dst),
-                _ => fill::<ROWS_AT_ONCE>(w, xs, dst),
-            }
-        }
-        #[cfg(not(target_feature = "avx2"))]
-        for (d, x) in dst.iter_mut().zip(xs) {
-            *d = dot_scalar(w, *x);
-        }
+        dot_group(&self.row(col), xs, dst)
     }
 }
 
-/// One row's dot product, block by block (the definition the SIMD kernel is tested against,
-/// and the kernel of builds without AVX2).
-#[cfg_attr(target_feature = "avx2", allow(dead_code))]
-fn dot_scalar((qs, wd, wm): (&[u8], &[f32], &[f32]), x: ActRow<'_>) -> f32 {
-    qs.chunks(PACKED)
-        .zip(x.q.chunks(BLOCK))
-        .zip(wd.iter().zip(wm))
-        .zip(x.d.iter().zip(x.s))
-        .map(|(((packed, xq), (dw, mw)), (dx, sx))| {
-            let dot: i32 = (0..BLOCK)
-                .map(|i| {
-                    let byte = packed[i % PACKED];
-                    let q = if i < PACKED { byte & 15 } else { byte >> 4 };
-                    q as i32 * xq[i] as i32
-                })
-                .sum();
-            dot as f32 * dw * dx + mw * sx
-        })
-        .sum()
+/// One row of a [`Q4Matrix`].
+struct Q4Row<'a> {
+    qs: &'a [u8],
+    d: &'a [f32],
+    m: &'a [f32],
+}
+
+impl RowKernel for Q4Row<'_> {
+    fn dot<const R: usize>(&self, xs: [ActRow<'_>; R]) -> [f32; R] {
+        #[cfg(target_feature = "avx2")]
+        {
+            if super::simd::avx512_vnni() && self.readable(&xs, true) {
+                // SAFETY: the CPU has the features (checked above), the rows are whole
+                unsafe { avx512::dot(self, xs) }
+            } else {
+                avx2::dot(self, xs)
+            }
+        }
+        #[cfg(not(target_feature = "avx2"))]
+        std::array::from_fn(|r| self.dot_scalar(xs[r]))
+    }
+}
+
+impl Q4Row<'_> {
+    /// Whether the blocks of this row (whole pairs) and of every activation row are there
+    /// to read (and for a 16-lane kernel, their wide lanes).
+    fn readable(&self, xs: &[ActRow<'_>], wide: bool) -> bool {
+        let blocks = self.d.len();
+        blocks.is_multiple_of(2)
+            && self.qs.len() >= blocks * BLOCK / 2
+            && self.m.len() >= blocks
+            && xs.iter().all(|x| {
+                x.q.len() >= blocks * BLOCK
+                    && x.d.len() >= blocks
+                    && x.s.len() >= blocks
+                    && (!wide || x.wide.len() >= blocks / 2 * WIDE)
+            })
+    }
+
+    /// One row's dot product, block by block (the definition the SIMD kernels are tested
+    /// against, and the kernel of builds without AVX2).
+    #[cfg_attr(target_feature = "avx2", allow(dead_code))]
+    fn dot_scalar(&self, x: ActRow<'_>) -> f32 {
+        let value = |i: usize| {
+            let (pair, j) = (i / PAIR, i % PAIR);
+            let byte = self.qs[pair * BLOCK + j % BLOCK];
+            if j < BLOCK {
+                byte & 15
+            } else {
+                byte >> 4
+            }
+        };
+        (0..self.d.len())
+            .map(|b| {
+                let dot: i32 = (b * BLOCK..(b + 1) * BLOCK)
+                    .map(|i| value(i) as i32 * x.q[i] as i32)
+                    .sum();
+                dot as f32 * self.d[b] * x.d[b] + self.m[b] * x.s[b]
+            })
+            .sum()
+    }
 }
 
 #[cfg(target_feature = "avx2")]
 mod avx2 {
-    //! Per block: the 16 packed bytes spread to 32 unsigned values (low nibbles, then high),
-    //! multiplied with the signed activations and summed in pairs to 16 bits (at most
-    //! 2·15·127, no saturation) and to 32 bits, scaled in f32; the offset term per block in
-    //! scalar f32.
+    //! Per block: 32 unsigned values (one nibble of each of a pair's 32 bytes) times the
+    //! signed activations, summed in pairs to 16 bits (at most 2·15·127, no saturation) and
+    //! to 32 bits, scaled in f32; the offset term per block in scalar f32.
 
-    use super::{ActRow, BLOCK, PACKED};
+    use super::{ActRow, Q4Row, BLOCK};
     use std::arch::x86_64::*;
 
-    pub fn dot<const R: usize>(
-        (qs, wd, wm): (&[u8], &[f32], &[f32]),
-        xs: [ActRow<'_>; R],
-    ) -> [f32; R] {
-        let blocks = wd.len();
+    pub fn dot<const R: usize>(w: &Q4Row<'_>, xs: [ActRow<'_>; R]) -> [f32; R] {
         let mut out = [0f32; R];
-        if qs.len() < blocks * PACKED
-            || wm.len() < blocks
-            || xs
-                .iter()
-                .any(|x| x.q.len() < blocks * BLOCK || x.d.len() < blocks || x.s.len() < blocks)
-        {
+        if !w.readable(&xs, false) {
             return out;
         }
-        // SAFETY: loads read 16 bytes at `b * 16` of `qs` and 32 at `b * 32` of each row, for
-        // `b < blocks`, inside slices checked above; AVX2 is enabled for the whole build.
+        let (qs, wd, wm) = (w.qs, w.d, w.m);
+        // SAFETY: loads read 32 bytes at `p * 32` of `qs` and 32 at `b * 32` of each row, for
+        // pairs `p` and blocks `b` inside slices checked above; AVX2 is enabled for the build.
         unsafe {
             let ones = _mm256_set1_epi16(1);
-            let low = _mm_set1_epi8(0x0F);
+            let low = _mm256_set1_epi8(0x0F);
             let mut acc = [_mm256_setzero_ps(); R];
             let mut offset = [0f32; R];
-            for b in 0..blocks {
-                let raw = _mm_loadu_si128(qs.as_ptr().add(b * PACKED).cast());
-                let q = _mm256_set_m128i(
-                    _mm_and_si128(_mm_srli_epi16(raw, 4), low),
-                    _mm_and_si128(raw, low),
-                );
-                let dw = *wd.get_unchecked(b);
-                let mw = *wm.get_unchecked(b);
-                for r in 0..R {
-                    let x = xs[r];
-                    let xq = _mm256_loadu_si256(x.q.as_ptr().add(b * BLOCK).cast());
-                    let p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xq), ones);
-                    let s = _mm256_set1_ps(dw * *x.d.get_unchecked(b));
-                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[r]);
-                    offset[r] += mw * *x.s.get_unchecked(b);
+            for pair in 0..wd.len() / 2 {
+                let raw = _mm256_loadu_si256(qs.as_ptr().add(pair * BLOCK).cast());
+                let halves = [
+                    _mm256_and_si256(raw, low),
+                    _mm256_and_si256(_mm256_srli_epi16(raw, 4), low),
+                ];
+                for (half, q) in halves.into_iter().enumerate() {
+                    let b = 2 * pair + half;
+                    let dw = *wd.get_unchecked(b);
+                    let mw = *wm.get_unchecked(b);
+                    for r in 0..R {
+                        let x = xs[r];
+                        let xq = _mm256_loadu_si256(x.q.as_ptr().add(b * BLOCK).cast());
+                        let p = _mm256_madd_epi16(_mm256_maddubs_epi16(q, xq), ones);
+                        let s = _mm256_set1_ps(dw * *x.d.get_unchecked(b));
+                        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[r]);
+                        offset[r] += mw * *x.s.get_unchecked(b);
+                    }
                 }
             }
             for ((o, v), off) in out.iter_mut().zip(acc).zip(offset) {
                 *o = super::super::simd::hsum(v) + off;
+            }
+        }
+        out
+    }
+}
+
+#[cfg(target_feature = "avx2")]
+mod avx512 {
+    //! The same products sixteen lanes at a time where the CPU has AVX-512 with VNNI (checked
+    //! at run time; the build targets AVX2): a pair of blocks' 64 values against a row's 64
+    //! activations in one multiply-and-sum instruction, their scales and offsets from the
+    //! activation row's [`ActRow::wide`] lanes.
+
+    use super::{ActRow, Q4Row, BLOCK, WIDE};
+    use std::arch::x86_64::*;
+
+    /// # Safety
+    /// The CPU must have AVX-512F, BW and VNNI, and `w.readable(&xs, true)`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub unsafe fn dot<const R: usize>(w: &Q4Row<'_>, xs: [ActRow<'_>; R]) -> [f32; R] {
+        let mut out = [0f32; R];
+        let (qs, wd, wm) = (w.qs, w.d, w.m);
+        // SAFETY: loads read 32 bytes at `p * 32` of `qs`, 64 at `p * 64` of each row's
+        // values and 32 floats at `p * 32` of its wide lanes, for pairs `p` inside slices
+        // the caller checked.
+        unsafe {
+            let low = _mm256_set1_epi8(0x0F);
+            let zero = _mm512_setzero_si512();
+            let mut acc = [_mm512_setzero_ps(); R];
+            for pair in 0..wd.len() / 2 {
+                let raw = _mm256_loadu_si256(qs.as_ptr().add(pair * BLOCK).cast());
+                let q = _mm512_inserti64x4::<1>(
+                    _mm512_castsi256_si512(_mm256_and_si256(raw, low)),
+                    _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low),
+                );
+                let (b0, b1) = (2 * pair, 2 * pair + 1);
+                let dw = _mm512_mask_blend_ps(
+                    0xFF00,
+                    _mm512_set1_ps(*wd.get_unchecked(b0)),
+                    _mm512_set1_ps(*wd.get_unchecked(b1)),
+                );
+                let mw = _mm512_mask_blend_ps(
+                    0xFF00,
+                    _mm512_set1_ps(*wm.get_unchecked(b0)),
+                    _mm512_set1_ps(*wm.get_unchecked(b1)),
+                );
+                for r in 0..R {
+                    let x = xs[r];
+                    let xq = _mm512_loadu_si512(x.q.as_ptr().add(pair * 2 * BLOCK).cast());
+                    let sums = _mm512_dpbusd_epi32(zero, q, xq);
+                    let lanes = x.wide.as_ptr().add(pair * WIDE);
+                    let scale = _mm512_mul_ps(dw, _mm512_loadu_ps(lanes));
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), scale, acc[r]);
+                    acc[r] = _mm512_fmadd_ps(mw, _mm512_loadu_ps(lanes.add(16)), acc[r]);
+                }
+            }
+            for (o, v) in out.iter_mut().zip(acc) {
+                *o = _mm512_reduce_add_ps(v);
             }
         }
         out
@@ -246,7 +321,7 @@ mod tests {
 
     #[test]
     fn matches_f32_and_rows_are_independent() {
-        let (out, width) = (70, 96);
+        let (out, width) = (70, 128);
         let w = on_grid(out * width);
         let m = Q4Matrix::exact(&w, width).expect("values on the grid encode exactly");
         // only the activations' 8-bit rounding is left
@@ -255,30 +330,42 @@ mod tests {
 
     #[test]
     fn values_off_the_grid_are_refused() {
-        let width = 96;
+        let width = 128;
         assert!(Q4Matrix::exact(&values(10 * width, 4), width).is_none());
         let mut w = on_grid(10 * width);
         w[40] += 0.01;
         assert!(Q4Matrix::exact(&w, width).is_none());
         assert!(Q4Matrix::exact(&w[..100], 50).is_none());
+        // rows of an odd number of blocks are not whole pairs
+        assert!(Q4Matrix::exact(&on_grid(2 * 128), 128).is_some());
+        assert!(Q4Matrix::exact(&on_grid(2 * 96), 96).is_none());
     }
 
-    /// The SIMD kernel computes what the block-by-block definition does.
+    /// The SIMD kernels compute what the block-by-block definition does (the AVX-512 one on
+    /// CPUs that have it).
+    #[cfg(target_feature = "avx2")]
     #[test]
-    fn the_kernel_agrees_with_the_definition() {
-        let width = 160;
+    fn the_kernels_agree_with_the_definition() {
+        let width = 192;
         let w = Q4Matrix::exact(&on_grid(3 * width), width).unwrap();
         let x = Act::encode(&values(3 * width, 2), width).unwrap();
         let xs: Vec<_> = (0..3).map(|r| x.row(r)).collect();
         for c in 0..3 {
-            let mut got = [0f32; 3];
-            w.dot_rows(c, &xs, &mut got);
-            for (r, g) in got.iter().enumerate() {
-                let want = dot_scalar(w.row(c), xs[r]);
-                assert!(
-                    (g - want).abs() <= 1e-4 * want.abs().max(1.0),
-                    "{g} vs {want}"
-                );
+            let row = w.row(c);
+            let want = xs.iter().map(|x| row.dot_scalar(*x));
+            let group = [xs[0], xs[1], xs[2]];
+            let avx2 = avx2::dot(&row, group);
+            let avx512 =
+                (super::super::simd::avx512_vnni() && row.readable(&group, true)).then(|| {
+                    // SAFETY: the CPU has the features, the rows are whole pairs (checked)
+                    unsafe { avx512::dot(&row, group) }
+                });
+            for (r, want) in want.enumerate() {
+                let close = |g: f32| (g - want).abs() <= 1e-4 * want.abs().max(1.0);
+                assert!(close(avx2[r]), "{} vs {want}", avx2[r]);
+                if let Some(got) = avx512 {
+                    assert!(close(got[r]), "{} vs {want}", got[r]);
+                }
             }
         }
     }

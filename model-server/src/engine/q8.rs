@@ -87,13 +87,24 @@ pub struct ActRow<'a> {
     pub q: &'a [i8],
     pub d: &'a [f32],
     pub s: &'a [f32],
+    /// Per pair of blocks `a, b`, the lanes a 16-lane kernel multiplies by: `d[a]` ×8,
+    /// `d[b]` ×8, `s[a]/8` ×8, `s[b]/8` ×8 (empty when a row is not whole pairs).
+    pub wide: &'a [f32],
+    /// The values plus 128, unsigned, for kernels whose instruction multiplies unsigned by
+    /// signed bytes (empty when a row is not whole pairs).
+    pub unsigned: &'a [u8],
 }
+
+/// Floats of [`ActRow::wide`] per pair of blocks.
+pub const WIDE: usize = 32;
 
 /// A batch's activation rows (`rows × width`, row-major) in 8 bits, ready to multiply.
 pub struct Act {
     rows: usize,
     x: Rows,
     s: Vec<f32>,
+    wide: Vec<f32>,
+    unsigned: Vec<u8>,
 }
 
 impl Act {
@@ -106,15 +117,30 @@ impl Act {
             );
         }
         let x = Rows::encode(values, width);
-        let s =
+        let s: Vec<f32> =
             x.q.chunks(BLOCK)
                 .zip(&x.d)
                 .map(|(q, d)| d * q.iter().map(|&v| v as i32).sum::<i32>() as f32)
                 .collect();
+        let (wide, unsigned) = if width.is_multiple_of(2 * BLOCK) {
+            let wide =
+                x.d.chunks(2)
+                    .zip(s.chunks(2))
+                    .flat_map(|(d, s)| {
+                        let lanes = [d[0], d[1], s[0] / 8.0, s[1] / 8.0];
+                        lanes.into_iter().flat_map(|v| [v; 8])
+                    })
+                    .collect();
+            (wide, x.q.iter().map(|&v| (v as u8) ^ 0x80).collect())
+        } else {
+            (Vec::new(), Vec::new())
+        };
         Ok(Act {
             rows: values.len() / width,
             x,
             s,
+            wide,
+            unsigned,
         })
     }
 
@@ -129,10 +155,13 @@ impl Act {
     pub(super) fn row(&self, r: usize) -> ActRow<'_> {
         let (q, d) = self.x.row(r);
         let per_row = self.x.width / BLOCK;
+        let (width, wide) = (self.x.width, per_row / 2 * WIDE);
         ActRow {
             q,
             d,
             s: &self.s[r * per_row..(r + 1) * per_row],
+            wide: self.wide.get(r * wide..(r + 1) * wide).unwrap_or(&[]),
+            unsigned: self.unsigned.get(r * width..(r + 1) * width).unwrap_or(&[]),
         }
     }
 }
@@ -147,6 +176,36 @@ pub trait BlockMatrix: Sync {
     /// go through the same arithmetic in the same order whatever the group's size, so that a
     /// sequence's numbers do not depend on what it is batched with.
     fn dot_rows(&self, col: usize, xs: &[ActRow<'_>], dst: &mut [f32]);
+}
+
+/// One weight row's dot products with a group of activation rows, each of its blocks read
+/// once for the group.
+pub trait RowKernel {
+    fn dot<const R: usize>(&self, xs: [ActRow<'_>; R]) -> [f32; R];
+}
+
+/// `dst[r] = row · xs[r]` for up to [`ROWS_AT_ONCE`] rows, through the kernel instance for
+/// the group's size.
+pub fn dot_group(row: &impl RowKernel, xs: &[ActRow<'_>], dst: &mut [f32]) {
+    fn fill<const R: usize>(row: &impl RowKernel, xs: &[ActRow<'_>], dst: &mut [f32]) {
+        let Some(first) = xs.first() else {
+            return;
+        };
+        let mut group = [*first; R];
+        for (slot, x) in group.iter_mut().zip(xs) {
+            *slot = *x;
+        }
+        for (d, v) in dst.iter_mut().zip(row.dot(group)) {
+            *d = v;
+        }
+    }
+    match xs.len() {
+        0 => {}
+        1 => fill::<1>(row, xs, dst),
+        2 => fill::<2>(row, xs, dst),
+        3 => fill::<3>(row, xs, dst),
+        _ => fill::<ROWS_AT_ONCE>(row, xs, dst),
+    }
 }
 
 /// `out = x · Wᵀ`, row-major `[x.rows(), w.out()]`; the matrix's rows are spread over the cores,
@@ -187,6 +246,10 @@ pub fn multiply(w: &impl BlockMatrix, x: &Act, out: &mut [f32]) -> Result<()> {
 pub struct Q8Matrix {
     out: usize,
     w: Rows,
+    /// Per block, 16 × its scale × the sum of its values: what a 16-lane kernel that reads
+    /// the activations as unsigned (plus 128) subtracts per lane, times the activations'
+    /// scale.
+    correction: Vec<f32>,
 }
 
 impl Q8Matrix {
@@ -197,9 +260,16 @@ impl Q8Matrix {
                 "an 8-bit matrix needs rows of a multiple of {BLOCK} values, not {width}"
             );
         }
+        let w = Rows::encode(values, width);
+        let correction =
+            w.q.chunks(BLOCK)
+                .zip(&w.d)
+                .map(|(q, d)| 16.0 * d * q.iter().map(|&v| v as i32).sum::<i32>() as f32)
+                .collect();
         Ok(Q8Matrix {
             out: values.len() / width,
-            w: Rows::encode(values, width),
+            w,
+            correction,
         })
     }
 }
@@ -214,52 +284,69 @@ impl BlockMatrix for Q8Matrix {
     }
 
     fn dot_rows(&self, col: usize, xs: &[ActRow<'_>], dst: &mut [f32]) {
-        dot_rows(self.w.row(col), xs, dst)
+        let (q, d) = self.w.row(col);
+        let per_row = self.w.width / BLOCK;
+        let correction = &self.correction[col * per_row..(col + 1) * per_row];
+        dot_group(&Q8Row { q, d, correction }, xs, dst)
     }
 }
 
-/// `dst[r] = w · xs[r]` for up to [`ROWS_AT_ONCE`] rows, each weight block loaded once.
-fn dot_rows(w: (&[i8], &[f32]), xs: &[ActRow<'_>], dst: &mut [f32]) {
-    #[cfg(target_feature = "avx2")]
-    {
-        fn fill<const R: usize>(w: (&[i8], &[f32]), xs: &[ActRow<'_>], dst: &mut [f32]) {
-            let Some(first) = xs.first() else {
-                return;
-            };
-            let mut group = [*first; R];
-            for (slot, x) in group.iter_mut().zip(xs) {
-                *slot = *x;
-            }
-            for (d, v) in dst.iter_mut().zip(avx2::dot(w, group)) {
-                *d = v;
+/// One row of a [`Q8Matrix`].
+struct Q8Row<'a> {
+    q: &'a [i8],
+    d: &'a [f32],
+    correction: &'a [f32],
+}
+
+impl RowKernel for Q8Row<'_> {
+    fn dot<const R: usize>(&self, xs: [ActRow<'_>; R]) -> [f32; R] {
+        #[cfg(target_feature = "avx2")]
+        {
+            if super::simd::avx512_vnni() && self.readable(&xs, true) {
+                // SAFETY: the CPU has the features (checked above), the rows are whole
+                unsafe { avx512::dot(self, xs) }
+            } else {
+                avx2::dot(self, xs)
             }
         }
-        match xs.len() {
-            0 => {}
-            1 => fill::<1>(w, xs, dst),
-            2 => fill::<2>(w, xs, dst),
-            3 => fill::<3>(w, xs, dst),
-            _ => fill::<ROWS_AT_ONCE>(w, xs, dst),
-        }
-    }
-    #[cfg(not(target_feature = "avx2"))]
-    for (d, x) in dst.iter_mut().zip(xs) {
-        *d = dot_scalar(w, *x);
+        #[cfg(not(target_feature = "avx2"))]
+        std::array::from_fn(|r| self.dot_scalar(xs[r]))
     }
 }
 
-/// One row's dot product, block by block: exact integer sums times both scales (the
-/// definition the SIMD kernel is tested against, and the kernel of builds without AVX2).
-#[cfg_attr(target_feature = "avx2", allow(dead_code))]
-fn dot_scalar((wq, wd): (&[i8], &[f32]), x: ActRow<'_>) -> f32 {
-    wq.chunks(BLOCK)
-        .zip(x.q.chunks(BLOCK))
-        .zip(wd.iter().zip(x.d))
-        .map(|((w, x), (dw, dx))| {
-            let s: i32 = w.iter().zip(x).map(|(&a, &b)| a as i32 * b as i32).sum();
-            s as f32 * dw * dx
-        })
-        .sum()
+impl Q8Row<'_> {
+    /// Whether the blocks of this row and of every activation row are there to read (and
+    /// for a 16-lane kernel, whole pairs with their wide lanes).
+    #[cfg_attr(not(target_feature = "avx2"), allow(dead_code))]
+    fn readable(&self, xs: &[ActRow<'_>], wide: bool) -> bool {
+        let blocks = self.d.len();
+        self.q.len() >= blocks * BLOCK
+            && self.correction.len() >= blocks
+            && (!wide || blocks.is_multiple_of(2))
+            && xs.iter().all(|x| {
+                x.q.len() >= blocks * BLOCK
+                    && x.d.len() >= blocks
+                    && (!wide
+                        || (x.wide.len() >= blocks / 2 * WIDE
+                            && x.unsigned.len() >= blocks * BLOCK))
+            })
+    }
+
+    /// One row's dot product, block by block: exact integer sums times both scales (the
+    /// definition the SIMD kernels are tested against, and the kernel of builds without
+    /// AVX2).
+    #[cfg_attr(target_feature = "avx2", allow(dead_code))]
+    fn dot_scalar(&self, x: ActRow<'_>) -> f32 {
+        self.q
+            .chunks(BLOCK)
+            .zip(x.q.chunks(BLOCK))
+            .zip(self.d.iter().zip(x.d))
+            .map(|((w, x), (dw, dx))| {
+                let s: i32 = w.iter().zip(x).map(|(&a, &b)| a as i32 * b as i32).sum();
+                s as f32 * dw * dx
+            })
+            .sum()
+    }
 }
 
 #[cfg(target_feature = "avx2")]
@@ -268,17 +355,12 @@ mod avx2 {
     //! it, summed in pairs to 16 bits (at most 2·127·127, no saturation: values are in
     //! ±127) and to 32 bits, then scaled in f32.
 
-    use super::{ActRow, BLOCK};
+    use super::{ActRow, Q8Row, BLOCK};
     use std::arch::x86_64::*;
 
-    pub fn dot<const R: usize>((wq, wd): (&[i8], &[f32]), xs: [ActRow<'_>; R]) -> [f32; R] {
-        let blocks = wd.len();
+    pub fn dot<const R: usize>(w: &Q8Row<'_>, xs: [ActRow<'_>; R]) -> [f32; R] {
         let mut out = [0f32; R];
-        if wq.len() < blocks * BLOCK
-            || xs
-                .iter()
-                .any(|x| x.q.len() < blocks * BLOCK || x.d.len() < blocks)
-        {
+        if !w.readable(&xs, false) {
             return out;
         }
         // SAFETY: every load reads 32 bytes at `b * 32` for `b < blocks`, inside slices
@@ -286,14 +368,14 @@ mod avx2 {
         unsafe {
             let ones = _mm256_set1_epi16(1);
             let mut acc = [_mm256_setzero_ps(); R];
-            for b in 0..blocks {
-                let w = _mm256_loadu_si256(wq.as_ptr().add(b * BLOCK).cast());
-                let aw = _mm256_sign_epi8(w, w);
-                let dw = *wd.get_unchecked(b);
+            for b in 0..w.d.len() {
+                let wq = _mm256_loadu_si256(w.q.as_ptr().add(b * BLOCK).cast());
+                let aw = _mm256_sign_epi8(wq, wq);
+                let dw = *w.d.get_unchecked(b);
                 for r in 0..R {
                     let x = xs[r];
                     let xq = _mm256_loadu_si256(x.q.as_ptr().add(b * BLOCK).cast());
-                    let sx = _mm256_sign_epi8(xq, w);
+                    let sx = _mm256_sign_epi8(xq, wq);
                     let p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones);
                     let s = _mm256_set1_ps(dw * *x.d.get_unchecked(b));
                     acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[r]);
@@ -301,6 +383,57 @@ mod avx2 {
             }
             for (o, v) in out.iter_mut().zip(acc) {
                 *o = super::super::simd::hsum(v);
+            }
+        }
+        out
+    }
+}
+
+#[cfg(target_feature = "avx2")]
+mod avx512 {
+    //! Sixteen lanes at a time where the CPU has AVX-512 with VNNI (checked at run time; the
+    //! build targets AVX2): a pair of blocks' 64 weights against a row's 64 activations in
+    //! one multiply-and-sum instruction, which multiplies unsigned by signed bytes, so the
+    //! activations are read plus 128 ([`ActRow::unsigned`]) and 128 × the weights' sum is
+    //! taken off again ([`super::Q8Matrix`]'s correction).
+
+    use super::{ActRow, Q8Row, BLOCK, WIDE};
+    use std::arch::x86_64::*;
+
+    /// # Safety
+    /// The CPU must have AVX-512F, BW and VNNI, and `w.readable(&xs, true)`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub unsafe fn dot<const R: usize>(w: &Q8Row<'_>, xs: [ActRow<'_>; R]) -> [f32; R] {
+        let mut out = [0f32; R];
+        // SAFETY: loads read 64 bytes at `p * 64` of the weights and of each row's unsigned
+        // values and 16 floats at `p * 32` of its wide lanes, for pairs `p` inside slices the
+        // caller checked.
+        unsafe {
+            let zero = _mm512_setzero_si512();
+            let mut acc = [_mm512_setzero_ps(); R];
+            for pair in 0..w.d.len() / 2 {
+                let (b0, b1) = (2 * pair, 2 * pair + 1);
+                let wq = _mm512_loadu_si512(w.q.as_ptr().add(b0 * BLOCK).cast());
+                let lanes = |v: &[f32]| {
+                    _mm512_mask_blend_ps(
+                        0xFF00,
+                        _mm512_set1_ps(*v.get_unchecked(b0)),
+                        _mm512_set1_ps(*v.get_unchecked(b1)),
+                    )
+                };
+                let (dw, correction) = (lanes(w.d), lanes(w.correction));
+                for r in 0..R {
+                    let x = xs[r];
+                    let xu = _mm512_loadu_si512(x.unsigned.as_ptr().add(b0 * BLOCK).cast());
+                    let sums = _mm512_dpbusd_epi32(zero, xu, wq);
+                    let dx = _mm512_loadu_ps(x.wide.as_ptr().add(pair * WIDE));
+                    let scale = _mm512_mul_ps(dw, dx);
+                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), scale, acc[r]);
+                    acc[r] = _mm512_fnmadd_ps(correction, dx, acc[r]);
+                }
+            }
+            for (o, v) in out.iter_mut().zip(acc) {
+                *o = _mm512_reduce_add_ps(v);
             }
         }
         out
@@ -368,22 +501,33 @@ pub(super) mod tests {
         check(&Q8Matrix::new(&w, width).unwrap(), &w, 0.02);
     }
 
-    /// The SIMD kernel computes what the block-by-block definition does.
+    /// The SIMD kernels compute what the block-by-block definition does (the AVX-512 one on
+    /// CPUs that have it).
+    #[cfg(target_feature = "avx2")]
     #[test]
-    fn the_kernel_agrees_with_the_definition() {
-        let width = 160;
-        let w = Rows::encode(&values(3 * width, 1), width);
+    fn the_kernels_agree_with_the_definition() {
+        let width = 192;
+        let m = Q8Matrix::new(&values(3 * width, 1), width).unwrap();
         let x = Act::encode(&values(3 * width, 2), width).unwrap();
-        let xs: Vec<_> = (0..3).map(|r| x.row(r)).collect();
+        let group = [x.row(0), x.row(1), x.row(2)];
         for c in 0..3 {
-            let mut got = [0f32; 3];
-            dot_rows(w.row(c), &xs, &mut got);
-            for (r, g) in got.iter().enumerate() {
-                let want = dot_scalar(w.row(c), xs[r]);
-                assert!(
-                    (g - want).abs() <= 1e-4 * want.abs().max(1.0),
-                    "{g} vs {want}"
-                );
+            let per_row = width / BLOCK;
+            let (q, d) = m.w.row(c);
+            let correction = &m.correction[c * per_row..(c + 1) * per_row];
+            let row = Q8Row { q, d, correction };
+            let avx2 = avx2::dot(&row, group);
+            let avx512 =
+                (super::super::simd::avx512_vnni() && row.readable(&group, true)).then(|| {
+                    // SAFETY: the CPU has the features, the rows are whole pairs (checked)
+                    unsafe { avx512::dot(&row, group) }
+                });
+            for (r, x) in group.iter().enumerate() {
+                let want = row.dot_scalar(*x);
+                let close = |g: f32| (g - want).abs() <= 1e-4 * want.abs().max(1.0);
+                assert!(close(avx2[r]), "{} vs {want}", avx2[r]);
+                if let Some(got) = avx512 {
+                    assert!(close(got[r]), "{} vs {want}", got[r]);
+                }
             }
         }
     }

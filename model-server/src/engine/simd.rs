@@ -1,4 +1,4 @@
-//! AVX2 pieces the decode kernels (`q8`, `attention`) share.
+//! AVX2 pieces the decode kernels (`q8`, `q4`, `attention`) share.
 
 use std::arch::x86_64::*;
 
@@ -10,4 +10,15 @@ pub fn hsum(v: __m256) -> f32 {
         let h = _mm_add_ps(h, _mm_movehl_ps(h, h));
         _mm_cvtss_f32(_mm_add_ss(h, _mm_shuffle_ps(h, h, 1)))
     }
+}
+
+/// Whether this CPU has AVX-512 with VNNI, for the 16-lane kernels of `q8` and `q4` (the
+/// build targets AVX2; checked once).
+pub fn avx512_vnni() -> bool {
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512vnni")
+    })
 }
