@@ -13,7 +13,7 @@
 //! integer sum of unsigned-by-signed products, plus the activation block's sum (kept with the
 //! activations, [`ActRow::s`]) times the offset.
 
-use super::q8::{dot_group, whole_rows, ActRow, BlockMatrix, RowKernel, BLOCK, WIDE};
+use super::q8::{whole_rows, ActRow, BlockMatrix, RowKernel, BLOCK, WIDE};
 use rayon::prelude::*;
 
 /// Values per pair of blocks, the unit the kernels read: 32 bytes, byte `j` holding value `j`
@@ -70,17 +70,6 @@ impl Q4Matrix {
             m,
         })
     }
-
-    /// Row `r`'s packed values, scales and offsets.
-    fn row(&self, r: usize) -> Q4Row<'_> {
-        let per_row = self.width / BLOCK;
-        let blocks = r * per_row..(r + 1) * per_row;
-        Q4Row {
-            qs: &self.qs[blocks.start * BLOCK / 2..blocks.end * BLOCK / 2],
-            d: &self.d[blocks.clone()],
-            m: &self.m[blocks],
-        }
-    }
 }
 
 /// One block's 4-bit values (scale and offset into `d`, `m`); `None` when its values are not
@@ -109,6 +98,8 @@ fn encode_block(v: &[f32], d: &mut f32, m: &mut f32) -> Option<[u8; BLOCK]> {
 }
 
 impl BlockMatrix for Q4Matrix {
+    type Row<'a> = Q4Row<'a>;
+
     fn out(&self) -> usize {
         self.out
     }
@@ -117,23 +108,29 @@ impl BlockMatrix for Q4Matrix {
         self.width
     }
 
-    fn dot_rows(&self, col: usize, xs: &[ActRow<'_>], dst: &mut [f32]) {
-        dot_group(&self.row(col), xs, dst)
+    fn row(&self, col: usize) -> Q4Row<'_> {
+        let per_row = self.width / BLOCK;
+        let blocks = col * per_row..(col + 1) * per_row;
+        Q4Row {
+            qs: &self.qs[blocks.start * BLOCK / 2..blocks.end * BLOCK / 2],
+            d: &self.d[blocks.clone()],
+            m: &self.m[blocks],
+        }
     }
 }
 
 /// One row of a [`Q4Matrix`].
-struct Q4Row<'a> {
+pub struct Q4Row<'a> {
     qs: &'a [u8],
     d: &'a [f32],
     m: &'a [f32],
 }
 
 impl RowKernel for Q4Row<'_> {
-    fn dot<const R: usize>(&self, xs: [ActRow<'_>; R]) -> [f32; R] {
+    fn dot<const R: usize>(&self, xs: &[ActRow<'_>; R]) -> [f32; R] {
         #[cfg(target_feature = "avx2")]
         {
-            if super::simd::avx512_vnni() && self.readable(&xs, true) {
+            if super::simd::avx512_vnni() && self.readable(xs, true) {
                 // SAFETY: the CPU has the features (checked above), the rows are whole
                 unsafe { avx512::dot(self, xs) }
             } else {
@@ -194,9 +191,9 @@ mod avx2 {
     use super::{ActRow, Q4Row, BLOCK};
     use std::arch::x86_64::*;
 
-    pub fn dot<const R: usize>(w: &Q4Row<'_>, xs: [ActRow<'_>; R]) -> [f32; R] {
+    pub fn dot<const R: usize>(w: &Q4Row<'_>, xs: &[ActRow<'_>; R]) -> [f32; R] {
         let mut out = [0f32; R];
-        if !w.readable(&xs, false) {
+        if !w.readable(xs, false) {
             return out;
         }
         let (qs, wd, wm) = (w.qs, w.d, w.m);
@@ -248,7 +245,7 @@ mod avx512 {
     /// # Safety
     /// The CPU must have AVX-512F, BW and VNNI, and `w.readable(&xs, true)`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub unsafe fn dot<const R: usize>(w: &Q4Row<'_>, xs: [ActRow<'_>; R]) -> [f32; R] {
+    pub unsafe fn dot<const R: usize>(w: &Q4Row<'_>, xs: &[ActRow<'_>; R]) -> [f32; R] {
         let mut out = [0f32; R];
         let (qs, wd, wm) = (w.qs, w.d, w.m);
         // SAFETY: loads read 32 bytes at `p * 32` of `qs`, 64 at `p * 64` of each row's
@@ -354,11 +351,11 @@ mod tests {
             let row = w.row(c);
             let want = xs.iter().map(|x| row.dot_scalar(*x));
             let group = [xs[0], xs[1], xs[2]];
-            let avx2 = avx2::dot(&row, group);
+            let avx2 = avx2::dot(&row, &group);
             let avx512 =
                 (super::super::simd::avx512_vnni() && row.readable(&group, true)).then(|| {
                     // SAFETY: the CPU has the features, the rows are whole pairs (checked)
-                    unsafe { avx512::dot(&row, group) }
+                    unsafe { avx512::dot(&row, &group) }
                 });
             for (r, want) in want.enumerate() {
                 let close = |g: f32| (g - want).abs() <= 1e-4 * want.abs().max(1.0);

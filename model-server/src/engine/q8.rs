@@ -24,7 +24,7 @@ use rayon::prelude::*;
 pub const BLOCK: usize = 32;
 
 /// Sequences dotted with one weight block while it is in registers.
-pub const ROWS_AT_ONCE: usize = 4;
+pub const ROWS_AT_ONCE: usize = 8;
 
 /// Output features per parallel task: small enough to spread a 576-wide projection over the
 /// cores, large enough that a task outlasts its scheduling (2 to 16 tasks per matrix measured
@@ -168,49 +168,28 @@ impl Act {
 
 /// A weight matrix `[out, in]` in some block encoding, as [`multiply`] reads it.
 pub trait BlockMatrix: Sync {
+    /// One of its rows, as a kernel reads it.
+    type Row<'a>: RowKernel
+    where
+        Self: 'a;
     /// Output features (rows of the matrix).
     fn out(&self) -> usize;
     /// Input features (a multiple of [`BLOCK`]).
     fn width(&self) -> usize;
-    /// `dst[r] = row(col) · xs[r]` for up to [`ROWS_AT_ONCE`] activation rows. Every row must
-    /// go through the same arithmetic in the same order whatever the group's size, so that a
-    /// sequence's numbers do not depend on what it is batched with.
-    fn dot_rows(&self, col: usize, xs: &[ActRow<'_>], dst: &mut [f32]);
+    fn row(&self, col: usize) -> Self::Row<'_>;
 }
 
 /// One weight row's dot products with a group of activation rows, each of its blocks read
-/// once for the group.
+/// once for the group. Every row must go through the same arithmetic in the same order
+/// whatever the group's size, so that a sequence's numbers do not depend on what it is
+/// batched with.
 pub trait RowKernel {
-    fn dot<const R: usize>(&self, xs: [ActRow<'_>; R]) -> [f32; R];
-}
-
-/// `dst[r] = row · xs[r]` for up to [`ROWS_AT_ONCE`] rows, through the kernel instance for
-/// the group's size.
-pub fn dot_group(row: &impl RowKernel, xs: &[ActRow<'_>], dst: &mut [f32]) {
-    fn fill<const R: usize>(row: &impl RowKernel, xs: &[ActRow<'_>], dst: &mut [f32]) {
-        let Some(first) = xs.first() else {
-            return;
-        };
-        let mut group = [*first; R];
-        for (slot, x) in group.iter_mut().zip(xs) {
-            *slot = *x;
-        }
-        for (d, v) in dst.iter_mut().zip(row.dot(group)) {
-            *d = v;
-        }
-    }
-    match xs.len() {
-        0 => {}
-        1 => fill::<1>(row, xs, dst),
-        2 => fill::<2>(row, xs, dst),
-        3 => fill::<3>(row, xs, dst),
-        _ => fill::<ROWS_AT_ONCE>(row, xs, dst),
-    }
+    fn dot<const R: usize>(&self, xs: &[ActRow<'_>; R]) -> [f32; R];
 }
 
 /// `out = x · Wᵀ`, row-major `[x.rows(), w.out()]`; the matrix's rows are spread over the cores,
-/// and each is dotted with every activation row while its blocks are in registers.
-pub fn multiply(w: &impl BlockMatrix, x: &Act, out: &mut [f32]) -> Result<()> {
+/// and each is dotted with a group of activation rows while its blocks are in registers.
+pub fn multiply<M: BlockMatrix>(w: &M, x: &Act, out: &mut [f32]) -> Result<()> {
     let rows = x.rows();
     if x.width() != w.width() || out.len() != rows * w.out() {
         candle_core::bail!(
@@ -228,10 +207,9 @@ pub fn multiply(w: &impl BlockMatrix, x: &Act, out: &mut [f32]) -> Result<()> {
         .par_chunks_mut(COLUMNS_PER_TASK * rows)
         .enumerate()
         .for_each(|(task, chunk)| {
-            for (j, col) in chunk.chunks_mut(rows).enumerate() {
-                for (dst, group) in col.chunks_mut(ROWS_AT_ONCE).zip(xs.chunks(ROWS_AT_ONCE)) {
-                    w.dot_rows(task * COLUMNS_PER_TASK + j, group, dst);
-                }
+            let first = task * COLUMNS_PER_TASK;
+            for (g, group) in xs.chunks(ROWS_AT_ONCE).enumerate() {
+                columns(w, first, group, g * ROWS_AT_ONCE, rows, chunk);
             }
         });
     for (c, col) in out_t.chunks(rows).enumerate() {
@@ -240,6 +218,52 @@ pub fn multiply(w: &impl BlockMatrix, x: &Act, out: &mut [f32]) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// For the columns from `first` that `chunk` (column-major, `rows` per column) holds, the
+/// products with `group`, activation rows `row0..` (the kernel instance for the group's
+/// size, set up once for all the columns).
+fn columns<M: BlockMatrix>(
+    w: &M,
+    first: usize,
+    group: &[ActRow<'_>],
+    row0: usize,
+    rows: usize,
+    chunk: &mut [f32],
+) {
+    fn run<const R: usize, M: BlockMatrix>(
+        w: &M,
+        first: usize,
+        group: &[ActRow<'_>],
+        row0: usize,
+        rows: usize,
+        chunk: &mut [f32],
+    ) {
+        let Some(x0) = group.first() else {
+            return;
+        };
+        let mut xs = [*x0; R];
+        for (slot, x) in xs.iter_mut().zip(group) {
+            *slot = *x;
+        }
+        for (j, col) in chunk.chunks_mut(rows).enumerate() {
+            let sums = w.row(first + j).dot(&xs);
+            for (d, v) in col[row0..].iter_mut().zip(sums) {
+                *d = v;
+            }
+        }
+    }
+    match group.len() {
+        0 => {}
+        1 => run::<1, M>(w, first, group, row0, rows, chunk),
+        2 => run::<2, M>(w, first, group, row0, rows, chunk),
+        3 => run::<3, M>(w, first, group, row0, rows, chunk),
+        4 => run::<4, M>(w, first, group, row0, rows, chunk),
+        5 => run::<5, M>(w, first, group, row0, rows, chunk),
+        6 => run::<6, M>(w, first, group, row0, rows, chunk),
+        7 => run::<7, M>(w, first, group, row0, rows, chunk),
+        _ => run::<ROWS_AT_ONCE, M>(w, first, group, row0, rows, chunk),
+    }
 }
 
 /// A weight matrix `[out, in]` in 8 bits, row by row.
@@ -275,6 +299,8 @@ impl Q8Matrix {
 }
 
 impl BlockMatrix for Q8Matrix {
+    type Row<'a> = Q8Row<'a>;
+
     fn out(&self) -> usize {
         self.out
     }
@@ -283,26 +309,26 @@ impl BlockMatrix for Q8Matrix {
         self.w.width
     }
 
-    fn dot_rows(&self, col: usize, xs: &[ActRow<'_>], dst: &mut [f32]) {
+    fn row(&self, col: usize) -> Q8Row<'_> {
         let (q, d) = self.w.row(col);
         let per_row = self.w.width / BLOCK;
         let correction = &self.correction[col * per_row..(col + 1) * per_row];
-        dot_group(&Q8Row { q, d, correction }, xs, dst)
+        Q8Row { q, d, correction }
     }
 }
 
 /// One row of a [`Q8Matrix`].
-struct Q8Row<'a> {
+pub struct Q8Row<'a> {
     q: &'a [i8],
     d: &'a [f32],
     correction: &'a [f32],
 }
 
 impl RowKernel for Q8Row<'_> {
-    fn dot<const R: usize>(&self, xs: [ActRow<'_>; R]) -> [f32; R] {
+    fn dot<const R: usize>(&self, xs: &[ActRow<'_>; R]) -> [f32; R] {
         #[cfg(target_feature = "avx2")]
         {
-            if super::simd::avx512_vnni() && self.readable(&xs, true) {
+            if super::simd::avx512_vnni() && self.readable(xs, true) {
                 // SAFETY: the CPU has the features (checked above), the rows are whole
                 unsafe { avx512::dot(self, xs) }
             } else {
@@ -358,9 +384,9 @@ mod avx2 {
     use super::{ActRow, Q8Row, BLOCK};
     use std::arch::x86_64::*;
 
-    pub fn dot<const R: usize>(w: &Q8Row<'_>, xs: [ActRow<'_>; R]) -> [f32; R] {
+    pub fn dot<const R: usize>(w: &Q8Row<'_>, xs: &[ActRow<'_>; R]) -> [f32; R] {
         let mut out = [0f32; R];
-        if !w.readable(&xs, false) {
+        if !w.readable(xs, false) {
             return out;
         }
         // SAFETY: every load reads 32 bytes at `b * 32` for `b < blocks`, inside slices
@@ -403,7 +429,7 @@ mod avx512 {
     /// # Safety
     /// The CPU must have AVX-512F, BW and VNNI, and `w.readable(&xs, true)`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub unsafe fn dot<const R: usize>(w: &Q8Row<'_>, xs: [ActRow<'_>; R]) -> [f32; R] {
+    pub unsafe fn dot<const R: usize>(w: &Q8Row<'_>, xs: &[ActRow<'_>; R]) -> [f32; R] {
         let mut out = [0f32; R];
         // SAFETY: loads read 64 bytes at `p * 64` of the weights and of each row's unsigned
         // values and 16 floats at `p * 32` of its wide lanes, for pairs `p` inside slices the
@@ -511,15 +537,12 @@ pub(super) mod tests {
         let x = Act::encode(&values(3 * width, 2), width).unwrap();
         let group = [x.row(0), x.row(1), x.row(2)];
         for c in 0..3 {
-            let per_row = width / BLOCK;
-            let (q, d) = m.w.row(c);
-            let correction = &m.correction[c * per_row..(c + 1) * per_row];
-            let row = Q8Row { q, d, correction };
-            let avx2 = avx2::dot(&row, group);
+            let row = m.row(c);
+            let avx2 = avx2::dot(&row, &group);
             let avx512 =
                 (super::super::simd::avx512_vnni() && row.readable(&group, true)).then(|| {
                     // SAFETY: the CPU has the features, the rows are whole pairs (checked)
-                    unsafe { avx512::dot(&row, group) }
+                    unsafe { avx512::dot(&row, &group) }
                 });
             for (r, x) in group.iter().enumerate() {
                 let want = row.dot_scalar(*x);
