@@ -101,7 +101,7 @@ pub struct Config {
     #[arg(long, default_value_t = 3500.0)]
     pub sim_prefill_us_per_token: f64,
     /// sim: decode delay per generated token, milliseconds (one sequence decoding alone).
-    #[arg(long, default_value_t = 20.0)]
+    #[arg(long, default_value_t = 10.0)]
     pub sim_decode_ms_per_token: f64,
 }
 

@@ -8,10 +8,10 @@
 //! ```
 //!
 //! So a prefix-cache hit visibly shortens time to first token, exactly the effect prefix-aware
-//! routing is meant to buy. The default costs (100 ms + 3.5 ms per uncached token, 20 ms per
+//! routing is meant to buy. The default costs (100 ms + 3.5 ms per uncached token, 10 ms per
 //! output token) follow the real engine on this project's 2-core machine (`scripts/bench.sh
-//! engine`, 2026-12-05: cold 144 tokens 0.36 s … 1040 tokens 4.8–5.4 s; 16 uncached tokens
-//! after cached blocks 0.11–0.18 s; decode ≈ 50 tokens/s, one sequence). Its prefill grows faster than linearly,
+//! engine`, 2026-12-05: cold 144 tokens 0.36 s … 1040 tokens 4.8–5.6 s; 16 uncached tokens
+//! after cached blocks 0.11–0.23 s; decode ≈ 100 tokens/s, one sequence). Its prefill grows faster than linearly,
 //! so the straight line overstates short prompts and understates ~1000-token ones. Tests and
 //! benchmarks set their own. Output text is deterministic (derived from the prompt tokens) and
 //! starts with `[simulated]` so nobody mistakes it for a model's answer.
