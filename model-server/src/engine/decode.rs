@@ -16,9 +16,10 @@ use candle_core::{Result, Tensor};
 use rayon::prelude::*;
 
 use super::attention;
+use super::blocks::{multiply, Act, BlockMatrix};
 use super::llama::{with_slice, Kv};
 use super::q4::Q4Matrix;
-use super::q8::{multiply, Act, BlockMatrix, Q8Matrix};
+use super::q8::Q8Matrix;
 
 /// A weight matrix's decode-step copy: in 4 bits when the values re-encode exactly (the GGUF's
 /// Q4_1 matrices), otherwise in 8 bits.

@@ -54,9 +54,9 @@ struct Layer {
 pub const KV_DTYPE: DType = DType::F16;
 
 /// Per-layer K and V of the first `len` positions, each tensor `[1, kv_heads, capacity,
-/// head_dim]` in [`KV_DTYPE`]. A sequence being computed keeps room beyond `len` (see [`Kv::append`]), so a
-/// decode step writes one position in place instead of copying all of them; a block cut out
-/// for the cache ([`Kv::slice`]) holds exactly its positions. Not `Clone`: copies would share
+/// head_dim]` in [`KV_DTYPE`]. A sequence being computed keeps room beyond `len` (see
+/// [`Kv::append`]), so a decode step writes one position in place instead of copying all of
+/// them; a block cut out for the cache ([`Kv::slice`]) holds exactly its positions. Not `Clone`: copies would share
 /// the room beyond `len`, and each one's appends would overwrite the other's.
 #[derive(Debug)]
 pub struct Kv {
@@ -77,7 +77,7 @@ pub(super) fn with_slice<T: candle_core::WithDType, R>(
     let all = cpu.as_slice::<T>()?;
     match layout.contiguous_offsets().and_then(|(a, b)| all.get(a..b)) {
         Some(values) => Ok(f(values)),
-        None => candle_core::bail!("a K/V tensor not contiguous"),
+        None => candle_core::bail!("a tensor not contiguous"),
     }
 }
 
@@ -428,6 +428,9 @@ impl Llama {
         if steps.iter().any(|(_, kv)| kv.len() + 1 > MAX_POSITIONS) {
             candle_core::bail!("a sequence in the batch is at {MAX_POSITIONS} positions");
         }
+        // on a thread of the pool: the step's ~150 parallel sections then hand work to the
+        // other threads directly, instead of each waking the pool from outside and sleeping
+        // until it is done (measured: one sequence's step ~10.5 → ~9 ms)
         let logits = rayon::scope(|_| self.decoder.step(steps))?;
         Tensor::from_vec(logits, (b, self.vocab), &self.device)
     }

@@ -1,19 +1,21 @@
 //! Decode-step weight matrices in 4 bits, for matrices the GGUF itself holds in 4 bits (its
-//! Q4_1 blocks: 32 values `m + d·q`, `q` in 0..15): the same values as the file, read at half
-//! the bytes of the 8-bit copy ([`super::q8`]).
+//! Q4_1 blocks: 32 values `m + d·q`, `q` in 0..15): the same values as the file, read at two
+//! thirds of the bytes of an 8-bit copy ([`super::q8`]; 24 bytes per block with f32 scale and
+//! offset, against 36).
 //!
 //! A decode step's matrices take most of its time, and that time is reading them: measured on
 //! SmolLM2-135M's matrices, 13–17 ms per step in 8 bits at ~10 GB/s. The weights here are
 //! re-encoded from the f32 values the prefill uses, and kept in 4 bits only when that
 //! re-encoding is exact (a Q4_1 block's smallest value is `m` and its largest `m + 15d`, so
-//! the encoding finds the file's grid again); any other matrix stays in 8 bits. Scales are
-//! kept in f32 (no conversion per block).
+//! the encoding finds the file's grid again); any other matrix stays in 8 bits (a Q4_K or
+//! Q4_0 file's blocks need not span their grid: they decode correctly, at the 8-bit speed).
+//! Scales are kept in f32 (no conversion per block).
 //!
 //! A block's dot product with 8-bit activations `dx·x` is `d·dx·Σ q·x + m·dx·Σ x`: an exact
 //! integer sum of unsigned-by-signed products, plus the activation block's sum (kept with the
 //! activations, [`ActRow::s`]) times the offset.
 
-use super::q8::{whole_rows, ActRow, BlockMatrix, RowKernel, BLOCK, WIDE};
+use super::blocks::{whole_rows, ActRow, BlockMatrix, RowKernel, BLOCK, WIDE};
 use rayon::prelude::*;
 
 /// Values per pair of blocks, the unit the kernels read: 32 bytes, byte `j` holding value `j`
@@ -292,8 +294,8 @@ mod avx512 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::q8::tests::{check, values};
-    use super::super::q8::Act;
+    use super::super::blocks::tests::{check, values};
+    use super::super::blocks::Act;
     use super::*;
 
     /// Values on a 4-bit grid per block, as a Q4_1 file's dequantized weights are.
