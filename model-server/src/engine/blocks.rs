@@ -180,7 +180,36 @@ pub trait BlockMatrix: Sync {
 /// whatever the group's size, so that a sequence's numbers do not depend on what it is
 /// batched with.
 pub trait RowKernel {
-    fn dot<const R: usize>(&self, xs: &[ActRow<'_>; R]) -> [f32; R];
+    /// Whether this row's blocks and every activation row's are there to read (for a 16-lane
+    /// kernel, whole pairs of blocks with their wide lanes too).
+    fn readable(&self, xs: &[ActRow<'_>], wide: bool) -> bool;
+
+    /// One activation row's dot product, block by block: the definition the SIMD kernels are
+    /// tested against, and the kernel of builds without AVX2.
+    fn dot_scalar(&self, x: ActRow<'_>) -> f32;
+
+    #[cfg(target_feature = "avx2")]
+    fn dot_avx2<const R: usize>(&self, xs: &[ActRow<'_>; R]) -> [f32; R];
+
+    /// # Safety
+    /// The CPU must have AVX-512F, BW and VNNI, and `self.readable(xs, true)`.
+    #[cfg(target_feature = "avx2")]
+    unsafe fn dot_avx512<const R: usize>(&self, xs: &[ActRow<'_>; R]) -> [f32; R];
+
+    /// The products through the best kernel this CPU runs (one choice per process).
+    fn dot<const R: usize>(&self, xs: &[ActRow<'_>; R]) -> [f32; R] {
+        #[cfg(target_feature = "avx2")]
+        {
+            if super::simd::avx512_vnni() && self.readable(xs, true) {
+                // SAFETY: the CPU has the features and the rows are whole (checked above)
+                unsafe { self.dot_avx512(xs) }
+            } else {
+                self.dot_avx2(xs)
+            }
+        }
+        #[cfg(not(target_feature = "avx2"))]
+        std::array::from_fn(|r| self.dot_scalar(xs[r]))
+    }
 }
 
 /// `out = x · Wᵀ`, row-major `[x.rows(), w.out()]`; the matrix's rows are spread over the cores,
@@ -205,7 +234,17 @@ pub fn multiply<M: BlockMatrix>(w: &M, x: &Act, out: &mut [f32]) -> Result<()> {
         .for_each(|(task, chunk)| {
             let first = task * COLUMNS_PER_TASK;
             for (g, group) in xs.chunks(ROWS_AT_ONCE).enumerate() {
-                columns(w, first, group, g * ROWS_AT_ONCE, rows, chunk);
+                let row0 = g * ROWS_AT_ONCE;
+                match group.len() {
+                    1 => columns::<1, M>(w, first, group, row0, rows, chunk),
+                    2 => columns::<2, M>(w, first, group, row0, rows, chunk),
+                    3 => columns::<3, M>(w, first, group, row0, rows, chunk),
+                    4 => columns::<4, M>(w, first, group, row0, rows, chunk),
+                    5 => columns::<5, M>(w, first, group, row0, rows, chunk),
+                    6 => columns::<6, M>(w, first, group, row0, rows, chunk),
+                    7 => columns::<7, M>(w, first, group, row0, rows, chunk),
+                    _ => columns::<ROWS_AT_ONCE, M>(w, first, group, row0, rows, chunk),
+                }
             }
         });
     for (c, col) in out_t.chunks(rows).enumerate() {
@@ -217,9 +256,9 @@ pub fn multiply<M: BlockMatrix>(w: &M, x: &Act, out: &mut [f32]) -> Result<()> {
 }
 
 /// For the columns from `first` that `chunk` (column-major, `rows` per column) holds, the
-/// products with `group`, activation rows `row0..` (the kernel instance for the group's
-/// size, set up once for all the columns).
-fn columns<M: BlockMatrix>(
+/// products with `group`, activation rows `row0..`, `R` of them (the kernel instance for the
+/// group's size, set up once for all the columns).
+fn columns<const R: usize, M: BlockMatrix>(
     w: &M,
     first: usize,
     group: &[ActRow<'_>],
@@ -227,38 +266,18 @@ fn columns<M: BlockMatrix>(
     rows: usize,
     chunk: &mut [f32],
 ) {
-    fn run<const R: usize, M: BlockMatrix>(
-        w: &M,
-        first: usize,
-        group: &[ActRow<'_>],
-        row0: usize,
-        rows: usize,
-        chunk: &mut [f32],
-    ) {
-        let Some(x0) = group.first() else {
-            return;
-        };
-        let mut xs = [*x0; R];
-        for (slot, x) in xs.iter_mut().zip(group) {
-            *slot = *x;
-        }
-        for (j, col) in chunk.chunks_mut(rows).enumerate() {
-            let sums = w.row(first + j).dot(&xs);
-            for (d, v) in col[row0..].iter_mut().zip(sums) {
-                *d = v;
-            }
-        }
+    let Some(x0) = group.first() else {
+        return;
+    };
+    let mut xs = [*x0; R];
+    for (slot, x) in xs.iter_mut().zip(group) {
+        *slot = *x;
     }
-    match group.len() {
-        0 => {}
-        1 => run::<1, M>(w, first, group, row0, rows, chunk),
-        2 => run::<2, M>(w, first, group, row0, rows, chunk),
-        3 => run::<3, M>(w, first, group, row0, rows, chunk),
-        4 => run::<4, M>(w, first, group, row0, rows, chunk),
-        5 => run::<5, M>(w, first, group, row0, rows, chunk),
-        6 => run::<6, M>(w, first, group, row0, rows, chunk),
-        7 => run::<7, M>(w, first, group, row0, rows, chunk),
-        _ => run::<ROWS_AT_ONCE, M>(w, first, group, row0, rows, chunk),
+    for (j, col) in chunk.chunks_mut(rows).enumerate() {
+        let sums = w.row(first + j).dot(&xs);
+        for (d, v) in col[row0..].iter_mut().zip(sums) {
+            *d = v;
+        }
     }
 }
 

@@ -129,22 +129,6 @@ pub struct Q4Row<'a> {
 }
 
 impl RowKernel for Q4Row<'_> {
-    fn dot<const R: usize>(&self, xs: &[ActRow<'_>; R]) -> [f32; R] {
-        #[cfg(target_feature = "avx2")]
-        {
-            if super::simd::avx512_vnni() && self.readable(xs, true) {
-                // SAFETY: the CPU has the features (checked above), the rows are whole
-                unsafe { avx512::dot(self, xs) }
-            } else {
-                avx2::dot(self, xs)
-            }
-        }
-        #[cfg(not(target_feature = "avx2"))]
-        std::array::from_fn(|r| self.dot_scalar(xs[r]))
-    }
-}
-
-impl Q4Row<'_> {
     /// Whether the blocks of this row (whole pairs) and of every activation row are there
     /// to read (and for a 16-lane kernel, their wide lanes).
     fn readable(&self, xs: &[ActRow<'_>], wide: bool) -> bool {
@@ -160,9 +144,6 @@ impl Q4Row<'_> {
             })
     }
 
-    /// One row's dot product, block by block (the definition the SIMD kernels are tested
-    /// against, and the kernel of builds without AVX2).
-    #[cfg_attr(target_feature = "avx2", allow(dead_code))]
     fn dot_scalar(&self, x: ActRow<'_>) -> f32 {
         let value = |i: usize| {
             let (pair, j) = (i / PAIR, i % PAIR);
@@ -182,6 +163,17 @@ impl Q4Row<'_> {
             })
             .sum()
     }
+
+    #[cfg(target_feature = "avx2")]
+    fn dot_avx2<const R: usize>(&self, xs: &[ActRow<'_>; R]) -> [f32; R] {
+        avx2::dot(self, xs)
+    }
+
+    #[cfg(target_feature = "avx2")]
+    unsafe fn dot_avx512<const R: usize>(&self, xs: &[ActRow<'_>; R]) -> [f32; R] {
+        // SAFETY: the caller's contract is `avx512::dot`'s
+        unsafe { avx512::dot(self, xs) }
+    }
 }
 
 #[cfg(target_feature = "avx2")]
@@ -190,7 +182,7 @@ mod avx2 {
     //! signed activations, summed in pairs to 16 bits (at most 2·15·127, no saturation) and
     //! to 32 bits, scaled in f32; the offset term per block in scalar f32.
 
-    use super::{ActRow, Q4Row, BLOCK};
+    use super::{ActRow, Q4Row, RowKernel, BLOCK};
     use std::arch::x86_64::*;
 
     pub fn dot<const R: usize>(w: &Q4Row<'_>, xs: &[ActRow<'_>; R]) -> [f32; R] {

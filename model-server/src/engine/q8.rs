@@ -65,25 +65,8 @@ pub struct Q8Row<'a> {
 }
 
 impl RowKernel for Q8Row<'_> {
-    fn dot<const R: usize>(&self, xs: &[ActRow<'_>; R]) -> [f32; R] {
-        #[cfg(target_feature = "avx2")]
-        {
-            if super::simd::avx512_vnni() && self.readable(xs, true) {
-                // SAFETY: the CPU has the features (checked above), the rows are whole
-                unsafe { avx512::dot(self, xs) }
-            } else {
-                avx2::dot(self, xs)
-            }
-        }
-        #[cfg(not(target_feature = "avx2"))]
-        std::array::from_fn(|r| self.dot_scalar(xs[r]))
-    }
-}
-
-impl Q8Row<'_> {
     /// Whether the blocks of this row and of every activation row are there to read (and
     /// for a 16-lane kernel, whole pairs with their wide lanes).
-    #[cfg_attr(not(target_feature = "avx2"), allow(dead_code))]
     fn readable(&self, xs: &[ActRow<'_>], wide: bool) -> bool {
         let blocks = self.d.len();
         self.q.len() >= blocks * BLOCK
@@ -98,10 +81,7 @@ impl Q8Row<'_> {
             })
     }
 
-    /// One row's dot product, block by block: exact integer sums times both scales (the
-    /// definition the SIMD kernels are tested against, and the kernel of builds without
-    /// AVX2).
-    #[cfg_attr(target_feature = "avx2", allow(dead_code))]
+    /// Exact integer sums per block times both scales.
     fn dot_scalar(&self, x: ActRow<'_>) -> f32 {
         self.q
             .chunks(BLOCK)
@@ -113,6 +93,17 @@ impl Q8Row<'_> {
             })
             .sum()
     }
+
+    #[cfg(target_feature = "avx2")]
+    fn dot_avx2<const R: usize>(&self, xs: &[ActRow<'_>; R]) -> [f32; R] {
+        avx2::dot(self, xs)
+    }
+
+    #[cfg(target_feature = "avx2")]
+    unsafe fn dot_avx512<const R: usize>(&self, xs: &[ActRow<'_>; R]) -> [f32; R] {
+        // SAFETY: the caller's contract is `avx512::dot`'s
+        unsafe { avx512::dot(self, xs) }
+    }
 }
 
 #[cfg(target_feature = "avx2")]
@@ -121,7 +112,7 @@ mod avx2 {
     //! it, summed in pairs to 16 bits (at most 2·127·127, no saturation: values are in
     //! ±127) and to 32 bits, then scaled in f32.
 
-    use super::{ActRow, Q8Row, BLOCK};
+    use super::{ActRow, Q8Row, RowKernel, BLOCK};
     use std::arch::x86_64::*;
 
     pub fn dot<const R: usize>(w: &Q8Row<'_>, xs: &[ActRow<'_>; R]) -> [f32; R] {
