@@ -84,10 +84,11 @@ pub struct ActRow<'a> {
     pub d: &'a [f32],
     pub s: &'a [f32],
     /// Per pair of blocks `a, b`, the lanes a 16-lane kernel multiplies by: `d[a]` ×8,
-    /// `d[b]` ×8, `s[a]/8` ×8, `s[b]/8` ×8 (empty when a row is not whole pairs).
+    /// `d[b]` ×8, `s[a]/8` ×8, `s[b]/8` ×8 (empty when a row is not whole pairs, or the CPU
+    /// has no 16-lane kernels).
     pub wide: &'a [f32],
     /// The values plus 128, unsigned, for kernels whose instruction multiplies unsigned by
-    /// signed bytes (empty when a row is not whole pairs).
+    /// signed bytes (empty, as `wide`).
     pub unsigned: &'a [u8],
 }
 
@@ -118,7 +119,8 @@ impl Act {
                 .zip(&x.d)
                 .map(|(q, d)| d * q.iter().map(|&v| v as i32).sum::<i32>() as f32)
                 .collect();
-        let (wide, unsigned) = if width.is_multiple_of(2 * BLOCK) {
+        // only the 16-lane kernels read these
+        let (wide, unsigned) = if width.is_multiple_of(2 * BLOCK) && sixteen_lanes() {
             let wide =
                 x.d.chunks(2)
                     .zip(s.chunks(2))
@@ -160,6 +162,14 @@ impl Act {
             unsigned: self.unsigned.get(r * width..(r + 1) * width).unwrap_or(&[]),
         }
     }
+}
+
+/// Whether the 16-lane kernels run on this CPU (see [`RowKernel::dot`]).
+fn sixteen_lanes() -> bool {
+    #[cfg(target_feature = "avx2")]
+    return super::simd::avx512_vnni();
+    #[cfg(not(target_feature = "avx2"))]
+    false
 }
 
 /// A weight matrix `[out, in]` in some block encoding, as [`multiply`] reads it.
