@@ -61,6 +61,15 @@ impl Rows {
         Rows { width, q, d }
     }
 
+    /// Each block's scale × the sum of its values (what a block contributes per unit of
+    /// a constant it is multiplied by).
+    pub(super) fn block_sums(&self) -> impl Iterator<Item = f32> + '_ {
+        self.q
+            .chunks(BLOCK)
+            .zip(&self.d)
+            .map(|(q, d)| d * q.iter().map(|&v| v as i32).sum::<i32>() as f32)
+    }
+
     /// Row `r`'s values and scales.
     pub(super) fn row(&self, r: usize) -> (&[i8], &[f32]) {
         let per_row = self.width / BLOCK;
@@ -114,11 +123,7 @@ impl Act {
             );
         }
         let x = Rows::encode(values, width);
-        let s: Vec<f32> =
-            x.q.chunks(BLOCK)
-                .zip(&x.d)
-                .map(|(q, d)| d * q.iter().map(|&v| v as i32).sum::<i32>() as f32)
-                .collect();
+        let s: Vec<f32> = x.block_sums().collect();
         // only the 16-lane kernels read these
         let (wide, unsigned) = if width.is_multiple_of(2 * BLOCK) && sixteen_lanes() {
             let wide =

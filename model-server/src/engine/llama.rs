@@ -56,8 +56,9 @@ pub const KV_DTYPE: DType = DType::F16;
 /// Per-layer K and V of the first `len` positions, each tensor `[1, kv_heads, capacity,
 /// head_dim]` in [`KV_DTYPE`]. A sequence being computed keeps room beyond `len` (see
 /// [`Kv::append`]), so a decode step writes one position in place instead of copying all of
-/// them; a block cut out for the cache ([`Kv::slice`]) holds exactly its positions. Not `Clone`: copies would share
-/// the room beyond `len`, and each one's appends would overwrite the other's.
+/// them; a block cut out for the cache ([`Kv::slice`]) holds exactly its positions. Not
+/// `Clone`: copies would share the room beyond `len`, and each one's appends would overwrite
+/// the other's.
 #[derive(Debug)]
 pub struct Kv {
     k: Vec<Tensor>,

@@ -25,11 +25,7 @@ impl Q8Matrix {
             );
         }
         let w = Rows::encode(values, width);
-        let correction =
-            w.q.chunks(BLOCK)
-                .zip(&w.d)
-                .map(|(q, d)| 16.0 * d * q.iter().map(|&v| v as i32).sum::<i32>() as f32)
-                .collect();
+        let correction = w.block_sums().map(|s| 16.0 * s).collect();
         Ok(Q8Matrix {
             out: values.len() / width,
             w,
