@@ -1,6 +1,9 @@
 //! The real engine's prefix-cache payoff: TTFT with 0–8 cached blocks, prefill and decode
-//! speed, and memory per cached block (in-process, SmolLM2-135M on CPU).
+//! speed, and memory per cached block (in-process, SmolLM2-135M on CPU). Prompts are
+//! prefilled in the chunks the server's batching loop computes them in
+//! ([`PREFILL_CHUNK`] tokens), so the figures are the server's own.
 
+use model_server::engine::batcher::PREFILL_CHUNK;
 use model_server::engine::llama::{Kv, Llama};
 use serde::Serialize;
 use std::time::Instant;
@@ -32,6 +35,15 @@ pub const BATCH: usize = 8;
 /// Prompt tokens the decode speed is measured after.
 pub const DECODE_AFTER: usize = 256;
 
+/// Prefills `tokens` after the positions in `kv`, chunk by chunk as the batching loop does
+/// (its chunks after a cached prefix start on a block boundary, as these do).
+fn prefill(model: &Llama, tokens: &[u32], kv: &mut Kv) -> anyhow::Result<()> {
+    for chunk in tokens.chunks(PREFILL_CHUNK) {
+        model.forward(chunk, kv)?;
+    }
+    Ok(())
+}
+
 /// `ids` must hold at least 8 blocks + 16 tokens.
 pub fn run(model: &Llama, ids: &[u32], block: usize) -> anyhow::Result<EngineResult> {
     let mut rows = Vec::new();
@@ -44,7 +56,7 @@ pub fn run(model: &Llama, ids: &[u32], block: usize) -> anyhow::Result<EngineRes
         // cold: the whole prompt
         let t = Instant::now();
         let mut kv = model.empty_kv()?;
-        model.forward(prompt, &mut kv)?;
+        prefill(model, prompt, &mut kv)?;
         let cold = t.elapsed().as_secs_f64();
         prefill_tokens += n;
         prefill_s += cold;
@@ -56,7 +68,7 @@ pub fn run(model: &Llama, ids: &[u32], block: usize) -> anyhow::Result<EngineRes
         let t = Instant::now();
         let refs: Vec<&Kv> = blocks.iter().collect();
         let mut warm_kv = Kv::concat(&refs)?.ok_or_else(|| anyhow::anyhow!("no blocks"))?;
-        model.forward(&prompt[k * block..], &mut warm_kv)?;
+        prefill(model, &prompt[k * block..], &mut warm_kv)?;
         let warm = t.elapsed().as_secs_f64();
         rows.push(EngineRow {
             cached_blocks: k,
@@ -69,7 +81,7 @@ pub fn run(model: &Llama, ids: &[u32], block: usize) -> anyhow::Result<EngineRes
     // decode: one token at a time after a 256-token prompt, as the batching loop runs a
     // request decoding alone (a batch of one)
     let mut kv = model.empty_kv()?;
-    model.forward(&ids[..DECODE_AFTER], &mut kv)?;
+    prefill(model, &ids[..DECODE_AFTER], &mut kv)?;
     let t = Instant::now();
     let steps = 32;
     for i in 0..steps {
@@ -80,7 +92,7 @@ pub fn run(model: &Llama, ids: &[u32], block: usize) -> anyhow::Result<EngineRes
     let mut kvs = Vec::with_capacity(BATCH);
     for s in 0..BATCH {
         let mut kv = model.empty_kv()?;
-        model.forward(&ids[s..256 + s], &mut kv)?;
+        prefill(model, &ids[s..DECODE_AFTER + s], &mut kv)?;
         kvs.push(kv);
     }
     let t = Instant::now();
@@ -88,7 +100,7 @@ pub fn run(model: &Llama, ids: &[u32], block: usize) -> anyhow::Result<EngineRes
         let mut batch: Vec<(u32, &mut Kv)> = kvs
             .iter_mut()
             .enumerate()
-            .map(|(s, kv)| (ids[256 + s + i], kv))
+            .map(|(s, kv)| (ids[DECODE_AFTER + s + i], kv))
             .collect();
         model.forward_batch(&mut batch)?;
     }

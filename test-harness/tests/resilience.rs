@@ -430,17 +430,29 @@ fn separate_envoys_agree_and_learn_from_events() {
     );
     assert_eq!(via_main.pod, via_c.pod, "independent replicas agree");
 
-    // a prompt placed by the round-robin Envoy is learned by B from the pod's events
-    let stored_before = f.stat(&b, "prefix_router_events_blocks_stored");
-    let placed = f.send_via(&a_rr, "/v1/completions", &prompt("placed elsewhere"), &[]);
+    // a prompt placed by the round-robin Envoy is learned by B from the pod's events. B has
+    // polled since before the first request, so it has heard every block stored so far: the
+    // cold prompt's (stored once, then hit) and the placed one's. Waiting for that total, not
+    // for "more than before", keeps the cold prompt's late events from passing for these.
+    let blocks = |body: &Value| {
+        let n = f.tokenize(body)["block_hashes"]
+            .as_array()
+            .map_or(0, Vec::len);
+        assert!(n > 0, "the prompt spans full blocks");
+        n as f64
+    };
+    let placed_prompt = prompt("placed elsewhere");
+    let expected = blocks(&cold) + blocks(&placed_prompt);
+    let placed = f.send_via(&a_rr, "/v1/completions", &placed_prompt, &[]);
     assert_eq!(placed.reason(), "round-robin");
     assert!(
         f.wait(Duration::from_secs(10), || f
             .stat(&b, "prefix_router_events_blocks_stored")
-            > stored_before),
-        "envoy B never received the pod's BlockStored events"
+            >= expected),
+        "envoy B never received the pods' BlockStored events ({} of {expected})",
+        f.stat(&b, "prefix_router_events_blocks_stored")
     );
-    let learned = f.send_via(&b, "/v1/completions", &prompt("placed elsewhere"), &[]);
+    let learned = f.send_via(&b, "/v1/completions", &placed_prompt, &[]);
     assert_eq!(
         learned.reason(),
         "prefix-hit",
