@@ -92,9 +92,9 @@ pub struct ActRow<'a> {
     pub q: &'a [i8],
     pub d: &'a [f32],
     pub s: &'a [f32],
-    /// Per pair of blocks `a, b`, the lanes a 16-lane kernel multiplies by: `d[a]` ×8,
-    /// `d[b]` ×8, `s[a]/8` ×8, `s[b]/8` ×8 (empty when a row is not whole pairs, or the CPU
-    /// has no 16-lane kernels).
+    /// Per pair of blocks `a, b`, the scales a 16-lane kernel multiplies its lanes by:
+    /// `d[a]` ×8, `d[b]` ×8 (empty when a row is not whole pairs, or the CPU has no 16-lane
+    /// kernels).
     pub wide: &'a [f32],
     /// The values plus 128, unsigned, for kernels whose instruction multiplies unsigned by
     /// signed bytes (empty, as `wide`).
@@ -102,7 +102,7 @@ pub struct ActRow<'a> {
 }
 
 /// Floats of [`ActRow::wide`] per pair of blocks.
-pub const WIDE: usize = 32;
+pub const WIDE: usize = 16;
 
 /// A batch's activation rows (`rows × width`, row-major) in 8 bits, ready to multiply.
 pub struct Act {
@@ -128,11 +128,7 @@ impl Act {
         let (wide, unsigned) = if width.is_multiple_of(2 * BLOCK) && sixteen_lanes() {
             let wide =
                 x.d.chunks(2)
-                    .zip(s.chunks(2))
-                    .flat_map(|(d, s)| {
-                        let lanes = [d[0], d[1], s[0] / 8.0, s[1] / 8.0];
-                        lanes.into_iter().flat_map(|v| [v; 8])
-                    })
+                    .flat_map(|d| [d[0]; 8].into_iter().chain([d[1]; 8]))
                     .collect();
             (wide, x.q.iter().map(|&v| (v as u8) ^ 0x80).collect())
         } else {

@@ -230,9 +230,11 @@ mod avx2 {
 mod avx512 {
     //! The same products sixteen lanes at a time where the CPU has AVX-512 with VNNI (checked
     //! at run time; the build targets AVX2): a pair of blocks' 64 values against a row's 64
-    //! activations in one multiply-and-sum instruction, their scales and offsets from the
-    //! activation row's [`ActRow::wide`] lanes.
+    //! activations in one multiply-and-sum instruction, scaled by the activation row's
+    //! [`ActRow::wide`] lanes; the offsets' term (`Σ m·s` over the row's blocks) is added once
+    //! per row, sixteen blocks at a time, outside the loop.
 
+    use super::super::simd::add_block_terms;
     use super::{ActRow, Q4Row, BLOCK, WIDE};
     use std::arch::x86_64::*;
 
@@ -243,37 +245,31 @@ mod avx512 {
         let mut out = [0f32; R];
         let (qs, wd, wm) = (w.qs, w.d, w.m);
         // SAFETY: loads read 32 bytes at `p * 32` of `qs`, 64 at `p * 64` of each row's
-        // values and 32 floats at `p * 32` of its wide lanes, for pairs `p` inside slices
-        // the caller checked.
+        // values and 16 floats at `p * 16` of its wide lanes, for pairs `p` inside slices
+        // the caller checked; each row's block sums are as long as `wm`.
         unsafe {
             let low = _mm256_set1_epi8(0x0F);
             let zero = _mm512_setzero_si512();
-            let mut acc = [_mm512_setzero_ps(); R];
+            let mut acc: [__m512; R] =
+                std::array::from_fn(|r| add_block_terms(wm, xs[r].s, _mm512_setzero_ps()));
             for pair in 0..wd.len() / 2 {
                 let raw = _mm256_loadu_si256(qs.as_ptr().add(pair * BLOCK).cast());
                 let q = _mm512_inserti64x4::<1>(
                     _mm512_castsi256_si512(_mm256_and_si256(raw, low)),
                     _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low),
                 );
-                let (b0, b1) = (2 * pair, 2 * pair + 1);
                 let dw = _mm512_mask_blend_ps(
                     0xFF00,
-                    _mm512_set1_ps(*wd.get_unchecked(b0)),
-                    _mm512_set1_ps(*wd.get_unchecked(b1)),
-                );
-                let mw = _mm512_mask_blend_ps(
-                    0xFF00,
-                    _mm512_set1_ps(*wm.get_unchecked(b0)),
-                    _mm512_set1_ps(*wm.get_unchecked(b1)),
+                    _mm512_set1_ps(*wd.get_unchecked(2 * pair)),
+                    _mm512_set1_ps(*wd.get_unchecked(2 * pair + 1)),
                 );
                 for r in 0..R {
                     let x = xs[r];
                     let xq = _mm512_loadu_si512(x.q.as_ptr().add(pair * 2 * BLOCK).cast());
                     let sums = _mm512_dpbusd_epi32(zero, q, xq);
-                    let lanes = x.wide.as_ptr().add(pair * WIDE);
-                    let scale = _mm512_mul_ps(dw, _mm512_loadu_ps(lanes));
+                    let dx = _mm512_loadu_ps(x.wide.as_ptr().add(pair * WIDE));
+                    let scale = _mm512_mul_ps(dw, dx);
                     acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), scale, acc[r]);
-                    acc[r] = _mm512_fmadd_ps(mw, _mm512_loadu_ps(lanes.add(16)), acc[r]);
                 }
             }
             for (o, v) in out.iter_mut().zip(acc) {

@@ -10,8 +10,8 @@ use candle_core::Result;
 pub struct Q8Matrix {
     out: usize,
     w: Rows,
-    /// Per block, 16 × its scale × the sum of its values: what a 16-lane kernel that reads
-    /// the activations as unsigned (plus 128) subtracts per lane, times the activations'
+    /// Per block, −128 × its scale × the sum of its values: what a 16-lane kernel that reads
+    /// the activations as unsigned (plus 128) adds back per block, times the activations'
     /// scale.
     correction: Vec<f32>,
 }
@@ -25,7 +25,7 @@ impl Q8Matrix {
             );
         }
         let w = Rows::encode(values, width);
-        let correction = w.block_sums().map(|s| 16.0 * s).collect();
+        let correction = w.block_sums().map(|s| -128.0 * s).collect();
         Ok(Q8Matrix {
             out: values.len() / width,
             w,
@@ -150,6 +150,7 @@ mod avx512 {
     //! activations are read plus 128 ([`ActRow::unsigned`]) and 128 × the weights' sum is
     //! taken off again ([`super::Q8Matrix`]'s correction).
 
+    use super::super::simd::add_block_terms;
     use super::{ActRow, Q8Row, BLOCK, WIDE};
     use std::arch::x86_64::*;
 
@@ -159,22 +160,21 @@ mod avx512 {
     pub unsafe fn dot<const R: usize>(w: &Q8Row<'_>, xs: &[ActRow<'_>; R]) -> [f32; R] {
         let mut out = [0f32; R];
         // SAFETY: loads read 64 bytes at `p * 64` of the weights and of each row's unsigned
-        // values and 16 floats at `p * 32` of its wide lanes, for pairs `p` inside slices the
-        // caller checked.
+        // values and 16 floats at `p * 16` of its wide lanes, for pairs `p` inside slices the
+        // caller checked; each row's scales are as long as the corrections.
         unsafe {
             let zero = _mm512_setzero_si512();
-            let mut acc = [_mm512_setzero_ps(); R];
+            let mut acc: [__m512; R] = std::array::from_fn(|r| {
+                add_block_terms(w.correction, xs[r].d, _mm512_setzero_ps())
+            });
             for pair in 0..w.d.len() / 2 {
                 let (b0, b1) = (2 * pair, 2 * pair + 1);
                 let wq = _mm512_loadu_si512(w.q.as_ptr().add(b0 * BLOCK).cast());
-                let lanes = |v: &[f32]| {
-                    _mm512_mask_blend_ps(
-                        0xFF00,
-                        _mm512_set1_ps(*v.get_unchecked(b0)),
-                        _mm512_set1_ps(*v.get_unchecked(b1)),
-                    )
-                };
-                let (dw, correction) = (lanes(w.d), lanes(w.correction));
+                let dw = _mm512_mask_blend_ps(
+                    0xFF00,
+                    _mm512_set1_ps(*w.d.get_unchecked(b0)),
+                    _mm512_set1_ps(*w.d.get_unchecked(b1)),
+                );
                 for r in 0..R {
                     let x = xs[r];
                     let xu = _mm512_loadu_si512(x.unsigned.as_ptr().add(b0 * BLOCK).cast());
@@ -182,7 +182,6 @@ mod avx512 {
                     let dx = _mm512_loadu_ps(x.wide.as_ptr().add(pair * WIDE));
                     let scale = _mm512_mul_ps(dw, dx);
                     acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), scale, acc[r]);
-                    acc[r] = _mm512_fnmadd_ps(correction, dx, acc[r]);
                 }
             }
             for (o, v) in out.iter_mut().zip(acc) {

@@ -1,4 +1,4 @@
-//! AVX2 pieces the decode kernels (`q8`, `q4`, `attention`) share.
+//! SIMD pieces the decode kernels (`q8`, `q4`, `attention`) share.
 
 use std::arch::x86_64::*;
 
@@ -21,4 +21,35 @@ pub fn avx512_vnni() -> bool {
             && std::arch::is_x86_feature_detected!("avx512bw")
             && std::arch::is_x86_feature_detected!("avx512vnni")
     })
+}
+
+/// `acc` plus, spread over its lanes, `Σ c[b] · e[b]` for every `b < c.len()`: a block
+/// matrix's per-block term (an offset or correction times an activation row's per-block
+/// sum or scale), added once per weight row instead of once per block in the kernel's loop.
+///
+/// # Safety
+/// The CPU must have AVX-512F, and `e.len() >= c.len()`.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn add_block_terms(c: &[f32], e: &[f32], mut acc: __m512) -> __m512 {
+    let n = c.len();
+    // SAFETY: full loads read 16 floats at `i < n - 15`; the masked tail reads only lanes
+    // below `n`; `e` is at least as long as `c` (the caller's contract)
+    unsafe {
+        let mut i = 0;
+        while i + 16 <= n {
+            let (a, b) = (
+                _mm512_loadu_ps(c.as_ptr().add(i)),
+                _mm512_loadu_ps(e.as_ptr().add(i)),
+            );
+            acc = _mm512_fmadd_ps(a, b, acc);
+            i += 16;
+        }
+        if i < n {
+            let mask: __mmask16 = (1u16 << (n - i)) - 1;
+            let a = _mm512_maskz_loadu_ps(mask, c.as_ptr().add(i));
+            let b = _mm512_maskz_loadu_ps(mask, e.as_ptr().add(i));
+            acc = _mm512_fmadd_ps(a, b, acc);
+        }
+    }
+    acc
 }
