@@ -492,6 +492,26 @@ pub fn main() -> anyhow::Result<()> {
             n = engine::BATCH,
         );
         summary.insert("engine_concurrency".into(), serde_json::to_value(&c)?);
+        match engine::llama_cpp_concurrency(
+            &ids,
+            &test_harness::cluster::run_dir("bench-engine-concurrency-llama-cpp"),
+        ) {
+            Ok(l) => {
+                println!(
+                    "   llama.cpp llama-server (--parallel {n}), the same requests: one request {:.1} tokens/s, {n} at once {:.1} tokens/s in all, {:.2}× (candle's ratio / llama.cpp's: {:.2})",
+                    l.alone_tokens_per_s,
+                    l.together_tokens_per_s,
+                    l.ratio,
+                    c.ratio / l.ratio,
+                    n = engine::BATCH,
+                );
+                summary.insert(
+                    "engine_concurrency_llama_cpp".into(),
+                    serde_json::to_value(&l)?,
+                );
+            }
+            Err(e) => println!("   llama.cpp concurrency not measured: {e:#}"),
+        }
     }
     write_json(&a.out, "results", &summary)?;
     println!("results written to {}", a.out.display());

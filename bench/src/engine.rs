@@ -115,9 +115,9 @@ pub fn run(model: &Llama, ids: &[u32], block: usize) -> anyhow::Result<EngineRes
     })
 }
 
-/// One candle pod over HTTP: output tokens per second of one request alone, and of
-/// [`BATCH`] different requests sent at once (the batching loop's effect end to end:
-/// admission, chunked prefill, batched decode, streaming the answers back).
+/// One pod over HTTP: output tokens per second of one request alone, and of [`BATCH`]
+/// different requests sent at once (the batching loop's effect end to end: admission,
+/// chunked prefill, batched decode, streaming the answers back).
 #[derive(Debug, Serialize)]
 pub struct Concurrency {
     pub prompt_tokens: usize,
@@ -127,12 +127,30 @@ pub struct Concurrency {
     pub ratio: f64,
 }
 
-/// `ids` must hold at least `BATCH + 32` tokens.
+/// A candle pod (`--max-num-seqs` [`BATCH`]). `ids` must hold at least `BATCH + 32` tokens.
 pub fn concurrency(ids: &[u32], dir: &std::path::Path) -> anyhow::Result<Concurrency> {
     let max = BATCH.to_string();
     let pods =
         test_harness::cluster::start_pods(1, &["--engine", "candle", "--max-num-seqs", &max], dir)?;
-    let url = format!("http://{}/v1/completions", pods[0].addr);
+    concurrency_at(&pods[0].addr, ids)
+}
+
+/// llama.cpp's `llama-server` on the same GGUF and both cores, with [`BATCH`] slots (its
+/// continuous batching), measured the same way: the yardstick for the candle pod's ratio.
+pub fn llama_cpp_concurrency(ids: &[u32], dir: &std::path::Path) -> anyhow::Result<Concurrency> {
+    let slots = BATCH.to_string();
+    let pods = test_harness::cluster::start_pods_of(
+        test_harness::cluster::PodKind::LlamaCpp,
+        1,
+        &["--threads", "2", "--parallel", &slots],
+        dir,
+    )?;
+    concurrency_at(&pods[0].addr, ids)
+}
+
+/// The measurement through a pod's OpenAI `/v1/completions` at `addr`.
+fn concurrency_at(addr: &str, ids: &[u32]) -> anyhow::Result<Concurrency> {
+    let url = format!("http://{addr}/v1/completions");
     let http = test_harness::cluster::client();
     let (prompt_tokens, max_tokens) = (32usize, 48u32);
     // completion tokens of one request (the model may end before max_tokens)
