@@ -9,6 +9,7 @@
 //! values at a time (F16C), and 0.77 and 5.5–6 ms with four positions' scores at a time and
 //! the weighted sum of V kept in registers (at ~260 positions).
 
+use super::exp::exp_minus;
 use half::f16;
 
 /// `out` = softmax(q·Kᵀ/√hd)·V for one head's query `q` (`hd` values, rotary applied) over
@@ -112,6 +113,30 @@ mod avx2 {
     }
 }
 
+/// A prefill chunk's attention weights: `scores` holds rows of `start + n` scores (keys),
+/// the rows of each head taking the chunk's `n` queries in order (query `i` at position
+/// `start + i`); `out` gets each row scaled by `scale` and softmaxed over the keys the query
+/// may see (`j ≤ start + i`), zero beyond. Rows are spread over the cores.
+pub fn causal_softmax(scores: &[f32], out: &mut [f32], n: usize, start: usize, scale: f32) {
+    use rayon::prelude::*;
+    let keys = start + n;
+    if n == 0 || keys == 0 || scores.len() != out.len() || !scores.len().is_multiple_of(keys) {
+        return;
+    }
+    out.par_chunks_mut(keys)
+        .zip(scores.par_chunks(keys))
+        .enumerate()
+        .for_each(|(r, (out, row))| {
+            let seen = start + r % n + 1;
+            let (visible, hidden) = out.split_at_mut(seen);
+            for (o, s) in visible.iter_mut().zip(row) {
+                *o = s * scale;
+            }
+            softmax(visible);
+            hidden.fill(0.0);
+        });
+}
+
 /// Softmax in place.
 fn softmax(xs: &mut [f32]) {
     let max = xs.iter().fold(f32::NEG_INFINITY, |m, s| m.max(*s));
@@ -122,59 +147,6 @@ fn softmax(xs: &mut [f32]) {
         for x in xs.iter_mut() {
             *x *= inv;
         }
-    }
-}
-
-/// `x = e^(x − c)` for every value: with AVX2 eight at a time by the usual range reduction
-/// (`2^n · e^r`, |r| ≤ ln2/2, a degree-7 polynomial for `e^r`; relative error ~1e-7), since
-/// the C library's `expf` one value at a time was a sixth of eight sequences' attention.
-fn exp_minus(xs: &mut [f32], c: f32) {
-    #[cfg(target_feature = "avx2")]
-    {
-        use std::arch::x86_64::*;
-        let n = xs.len() / 8 * 8;
-        // SAFETY: each access covers 8 values at `i < n`, `n` the slice's length rounded
-        // down to a multiple of 8; AVX2 and FMA are enabled for the whole build.
-        unsafe {
-            let c8 = _mm256_set1_ps(c);
-            for i in (0..n).step_by(8) {
-                let p = xs.as_mut_ptr().add(i);
-                _mm256_storeu_ps(p, exp8(_mm256_sub_ps(_mm256_loadu_ps(p), c8)));
-            }
-        }
-        for x in xs[n..].iter_mut() {
-            *x = (*x - c).exp();
-        }
-    }
-    #[cfg(not(target_feature = "avx2"))]
-    for x in xs.iter_mut() {
-        *x = (*x - c).exp();
-    }
-}
-
-/// `e^x` for eight values (the Cephes single-precision method).
-#[cfg(target_feature = "avx2")]
-fn exp8(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
-    use std::arch::x86_64::*;
-    // SAFETY: register-only operations; AVX2 and FMA are enabled for the whole build.
-    unsafe {
-        let set = _mm256_set1_ps;
-        let x = _mm256_max_ps(_mm256_min_ps(x, set(88.376_26)), set(-88.376_26));
-        // x = n·ln2 + r, ln2 split in two so that n·ln2 is exact in its high part
-        let n = _mm256_floor_ps(_mm256_fmadd_ps(x, set(std::f32::consts::LOG2_E), set(0.5)));
-        let r = _mm256_fnmadd_ps(n, set(0.693_359_4), x);
-        let r = _mm256_fnmadd_ps(n, set(-2.121_944_4e-4), r);
-        let mut y = set(1.987_569_1e-4);
-        for coefficient in [1.398_2e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
-            y = _mm256_fmadd_ps(y, r, set(coefficient));
-        }
-        let y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, set(1.0)));
-        // 2^n from the exponent bits (n ≥ -127: the clamp above)
-        let two_n = _mm256_slli_epi32(
-            _mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)),
-            23,
-        );
-        _mm256_mul_ps(y, _mm256_castsi256_ps(two_n))
     }
 }
 
@@ -269,19 +241,31 @@ mod tests {
         }
     }
 
-    /// The vectorized exponential against the C library's, over the range softmax feeds it
-    /// (x − max ≤ 0) and a little beyond.
+    /// The fused prefill softmax against its definition: scale, mask keys after the query's
+    /// position, softmax.
     #[test]
-    fn exp_matches_the_library() {
-        let xs: Vec<f32> = (0..2000).map(|i| -90.0 + i as f32 * 0.05).collect();
-        let mut got = xs.clone();
-        exp_minus(&mut got, 0.0);
-        for (x, g) in xs.iter().zip(&got) {
-            let want = x.exp();
-            assert!(
-                (g - want).abs() <= 2e-6 * want + 1e-37,
-                "exp({x}) = {g}, want {want}"
-            );
+    fn causal_softmax_masks_the_future() {
+        let (heads, n, start) = (3, 5, 4);
+        let keys = start + n;
+        let scores: Vec<f32> = (0..heads * n * keys)
+            .map(|i| ((i * 29 % 23) as f32 - 11.0) * 0.4)
+            .collect();
+        let mut got = vec![f32::NAN; scores.len()];
+        causal_softmax(&scores, &mut got, n, start, 0.5);
+        for (r, (row, got)) in scores.chunks(keys).zip(got.chunks(keys)).enumerate() {
+            let seen = start + r % n + 1;
+            let z: f64 = row[..seen].iter().map(|s| (*s as f64 * 0.5).exp()).sum();
+            for (j, g) in got.iter().enumerate() {
+                let want = if j < seen {
+                    (row[j] as f64 * 0.5).exp() / z
+                } else {
+                    0.0
+                };
+                assert!(
+                    (*g as f64 - want).abs() < 1e-6,
+                    "row {r} key {j}: {g} vs {want}"
+                );
+            }
         }
     }
 }

@@ -17,6 +17,7 @@ use rayon::prelude::*;
 
 use super::attention;
 use super::blocks::{multiply, Act, BlockMatrix};
+use super::exp::silu_mul;
 use super::llama::{with_slice, Kv};
 use super::q4::Q4Matrix;
 use super::q8::Q8Matrix;
@@ -162,13 +163,11 @@ impl Decoder {
             let h = rms_norm(&x, &layer.ffn_norm, self.eps);
             let gate_up = layer.gate_up.multiply(&Act::encode(&h, hidden)?)?;
             let ff = gate_up.len() / b / 2;
-            let act: Vec<f32> = gate_up
-                .chunks(2 * ff)
-                .flat_map(|row| {
-                    let (g, u) = row.split_at(ff);
-                    g.iter().zip(u).map(|(g, u)| g / (1.0 + (-g).exp()) * u)
-                })
-                .collect();
+            let mut act = vec![0f32; b * ff];
+            for (row, out) in gate_up.chunks(2 * ff).zip(act.chunks_mut(ff)) {
+                let (g, u) = row.split_at(ff);
+                silu_mul(g, u, out);
+            }
             let down = layer.down.multiply(&Act::encode(&act, ff)?)?;
             add(&mut x, &down);
         }

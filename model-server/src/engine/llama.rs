@@ -16,7 +16,9 @@ use candle_core::quantized::{gguf_file, QMatMul};
 use candle_core::{DType, Device, IndexOp, Module, Result, Tensor};
 use candle_nn::Embedding;
 
+use super::attention::causal_softmax;
 use super::decode::{DecodeLayer, DecodeMatrix, Decoder};
+use super::exp::silu_mul;
 
 /// Longest position the rotary tables cover.
 pub const MAX_POSITIONS: usize = 8192;
@@ -380,23 +382,6 @@ impl Llama {
         let mut x = self.embed.forward(&ids)?;
         let cos = self.cos.narrow(0, start, n)?;
         let sin = self.sin.narrow(0, start, n)?;
-        // causal mask over [start+n] keys for n queries: key j is hidden from query i when j > start + i
-        let mask = if n > 1 {
-            let m: Vec<f32> = (0..n)
-                .flat_map(|i| {
-                    (0..start + n).map(move |j| {
-                        if j > start + i {
-                            f32::NEG_INFINITY
-                        } else {
-                            0.0
-                        }
-                    })
-                })
-                .collect();
-            Some(Tensor::from_vec(m, (n, start + n), &self.device)?)
-        } else {
-            None
-        };
         for (l, layer) in self.layers.iter().enumerate() {
             let h = layer.attn_norm.forward(&x)?;
             let (q, k, v) = self.qkv(layer, &h, n)?;
@@ -404,7 +389,7 @@ impl Llama {
             let k = candle_nn::rotary_emb::rope_i(&k, &cos, &sin)?;
             kv.append(l, &k, &v)?;
             let (k, v) = kv.in_f32(l, start + n)?;
-            let y = self.attend(&q, &k, &v, mask.as_ref())?;
+            let y = self.attend(&q, &k, &v, start)?;
             x = self.feed_forward(layer, &y, &x)?;
         }
         kv.advance(n);
@@ -464,26 +449,25 @@ impl Llama {
     }
 
     /// The attention output of one sequence's `n` queries (`[1, heads, n, head_dim]`, rotary
-    /// applied) over its K and V (`[1, kv_heads, positions, head_dim]`, the new positions
-    /// included), `[1, n, hidden]`.
-    fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Result<Tensor> {
+    /// applied, positions `start..start + n`) over its K and V (`[1, kv_heads, start + n,
+    /// head_dim]`, the new positions included), `[1, n, hidden]`.
+    fn attend(&self, q: &Tensor, k: &Tensor, v: &Tensor, start: usize) -> Result<Tensor> {
         let n = q.dim(2)?;
         // grouped-query attention without copying K/V once per query head: the `rep` query
         // heads that share a K/V head (consecutive heads) become `rep × n` rows against it
         let rep = self.n_head / self.n_kv_head;
         let hd = self.head_dim;
         let q = q.reshape((1, self.n_kv_head, rep * n, hd))?;
-        let att = (q.matmul(&k.t()?)? / (hd as f64).sqrt())?;
-        let att = match mask {
-            Some(m) => {
-                let s = att.dim(3)?;
-                att.reshape((1, self.n_kv_head, rep, n, s))?
-                    .broadcast_add(m)?
-                    .reshape((1, self.n_kv_head, rep * n, s))?
-            }
-            None => att,
-        };
-        let att = candle_nn::ops::softmax_last_dim(&att)?;
+        let scores = q.matmul(&k.t()?)?;
+        // scale, causal mask and softmax in one pass over the scores (through candle's
+        // operations they were four, each writing every score, plus a mask tensor)
+        let shape = scores.shape().clone();
+        let p = with_slice(&scores, |s| {
+            let mut p = vec![0f32; s.len()];
+            causal_softmax(s, &mut p, n, start, 1.0 / (hd as f32).sqrt());
+            p
+        })?;
+        let att = Tensor::from_vec(p, shape, &self.device)?;
         let y = att.matmul(v)?;
         if n == 1 {
             // one position: heads are already in order, no transpose (and no copy) needed
@@ -499,7 +483,15 @@ impl Llama {
     fn feed_forward(&self, layer: &Layer, y: &Tensor, x: &Tensor) -> Result<Tensor> {
         let x = (layer.wo.forward(y)? + x)?;
         let h = layer.ffn_norm.forward(&x)?;
-        let act = (candle_nn::ops::silu(&layer.gate.forward(&h)?)? * layer.up.forward(&h)?)?;
+        let (gate, up) = (layer.gate.forward(&h)?, layer.up.forward(&h)?);
+        let act = with_slice(&gate, |g| {
+            with_slice(&up, |u| {
+                let mut act = vec![0f32; g.len()];
+                silu_mul(g, u, &mut act);
+                act
+            })
+        })??;
+        let act = Tensor::from_vec(act, gate.shape(), &self.device)?;
         let ff = layer.down.forward(&act)?;
         ff + &x
     }

@@ -6,6 +6,7 @@ pub mod batcher;
 pub mod blocks;
 pub mod candle_engine;
 pub mod decode;
+pub mod exp;
 pub mod llama;
 pub mod q4;
 pub mod q8;
