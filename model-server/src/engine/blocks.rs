@@ -10,8 +10,9 @@
 //! weights), and converts f16 scales per block; here a group of up to [`ROWS_AT_ONCE`]
 //! sequences is set up once per task and each weight row's blocks are read once for all of
 //! them, scales kept in f32. With the activations in 8 bits too, a block's dot product is an
-//! exact integer sum times the scales. Prefill stays on f32 weights, where a chunk's many rows
-//! make the matmul compute-bound and candle's f32 gemm is faster.
+//! exact integer sum times the scales. Prefill multiplies other copies ([`super::bf16`]):
+//! a chunk's many rows make its matmuls compute-bound, and there these kernels' per-block
+//! scaling is slower than plain floating point.
 
 use candle_core::Result;
 use rayon::prelude::*;

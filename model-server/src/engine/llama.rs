@@ -1,8 +1,9 @@
 //! A Llama-architecture forward pass (SmolLM2 is one) over a GGUF's weights, with the
 //! attention K/V kept *outside* the model so a prefix cache can hold them per token block.
 //!
-//! Two passes: [`Llama::forward`] prefills a chunk of one sequence (f32 weights, candle's
-//! attention with a causal mask); [`Llama::forward_batch`] runs one decode step for several
+//! Two passes: [`Llama::forward`] prefills a chunk of one sequence (bf16 weights where the
+//! CPU multiplies them, [`super::bf16`], else f32; candle's matmuls for attention, the causal
+//! mask and softmax in one pass); [`Llama::forward_batch`] runs one decode step for several
 //! sequences on plain slices (`engine::decode`: the GGUF's 4-bit weights where exact, 8 bits
 //! otherwise).
 //!
@@ -17,6 +18,7 @@ use candle_core::{DType, Device, IndexOp, Module, Result, Tensor};
 use candle_nn::Embedding;
 
 use super::attention::causal_softmax;
+use super::bf16::Dense;
 use super::decode::{DecodeLayer, DecodeMatrix, Decoder};
 use super::exp::silu_mul;
 
@@ -34,17 +36,18 @@ impl RmsNorm {
     }
 }
 
-/// A layer's prefill weights (f32: a chunk's many rows make the matmul compute-bound, and
-/// candle's f32 gemm is its fastest). Decode steps read their own copy ([`DecodeLayer`]).
+/// A layer's prefill weights (bf16 where the CPU multiplies it, else f32: a chunk's many
+/// rows make the matmul compute-bound; see [`Dense`]). Decode steps read their own copy
+/// ([`DecodeLayer`]).
 struct Layer {
-    wq: QMatMul,
-    wk: QMatMul,
-    wv: QMatMul,
-    wo: QMatMul,
+    wq: Dense,
+    wk: Dense,
+    wv: Dense,
+    wo: Dense,
     attn_norm: RmsNorm,
-    gate: QMatMul,
-    up: QMatMul,
-    down: QMatMul,
+    gate: Dense,
+    up: Dense,
+    down: Dense,
     ffn_norm: RmsNorm,
 }
 
@@ -297,17 +300,17 @@ impl Llama {
                 ffn_norm: to_vec(&ffn_norm)?,
             });
             layers.push(Layer {
-                wq: QMatMul::Tensor(wq),
-                wk: QMatMul::Tensor(wk),
-                wv: QMatMul::Tensor(wv),
-                wo: QMatMul::Tensor(wo),
+                wq: Dense::new(wq)?,
+                wk: Dense::new(wk)?,
+                wv: Dense::new(wv)?,
+                wo: Dense::new(wo)?,
                 attn_norm: RmsNorm {
                     weight: attn_norm,
                     eps,
                 },
-                gate: QMatMul::Tensor(gate),
-                up: QMatMul::Tensor(up),
-                down: QMatMul::Tensor(down),
+                gate: Dense::new(gate)?,
+                up: Dense::new(up)?,
+                down: Dense::new(down)?,
                 ffn_norm: RmsNorm {
                     weight: ffn_norm,
                     eps,
@@ -435,7 +438,7 @@ impl Llama {
     /// Q, K and V of `n` positions' hidden states `h` (`[1, n, hidden]`), each as
     /// `[1, heads, n, head_dim]`, contiguous.
     fn qkv(&self, layer: &Layer, h: &Tensor, n: usize) -> Result<(Tensor, Tensor, Tensor)> {
-        let heads = |w: &QMatMul, count: usize| -> Result<Tensor> {
+        let heads = |w: &Dense, count: usize| -> Result<Tensor> {
             w.forward(h)?
                 .reshape((1, n, count, self.head_dim))?
                 .transpose(1, 2)?

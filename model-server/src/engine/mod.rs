@@ -3,6 +3,7 @@
 
 pub mod attention;
 pub mod batcher;
+pub mod bf16;
 pub mod blocks;
 pub mod candle_engine;
 pub mod decode;
