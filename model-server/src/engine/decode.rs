@@ -174,8 +174,16 @@ impl Decoder {
         for (_, kv) in steps.iter_mut() {
             kv.advance(1);
         }
-        let h = rms_norm(&x, &self.norm, self.eps);
-        self.output.multiply(&Act::encode(&h, hidden)?)
+        self.logits(&x)
+    }
+
+    /// The logits of final hidden states `x` (rows of `hidden`, before the output norm),
+    /// `[rows, vocab]` row-major: a decode step's, and a prefill's of its last position
+    /// (the output matrix is 49152 × 576 for SmolLM2: in 8 bits a quarter of the bytes of
+    /// the f32 copy the prefill read it from, for one row).
+    pub fn logits(&self, x: &[f32]) -> Result<Vec<f32>> {
+        let h = rms_norm(x, &self.norm, self.eps);
+        self.output.multiply(&Act::encode(&h, self.hidden)?)
     }
 
     /// Rotates each head's consecutive pairs of values by the position's angles (candle's
