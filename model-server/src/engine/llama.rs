@@ -123,22 +123,27 @@ impl Kv {
             return Ok(None);
         };
         let layers = first.k.len();
-        let mut k = Vec::with_capacity(layers);
-        let mut v = Vec::with_capacity(layers);
-        let held = |b: &Kv, t: &Tensor| t.narrow(2, 0, b.len);
-        for l in 0..layers {
-            let ks = blocks
-                .iter()
-                .map(|b| held(b, &b.k[l]))
-                .collect::<Result<Vec<_>>>()?;
-            let vs = blocks
-                .iter()
-                .map(|b| held(b, &b.v[l]))
-                .collect::<Result<Vec<_>>>()?;
-            k.push(Tensor::cat(&ks, 2)?);
-            v.push(Tensor::cat(&vs, 2)?);
-        }
-        let len = blocks.iter().map(|b| b.len).sum();
+        let len: usize = blocks.iter().map(|b| b.len).sum();
+        // room for the prompt's rest and some answer, as `append` would grow it: the first
+        // chunk after a hit then writes in place instead of copying every cached position
+        let room = (len + (len / 4).max(HEADROOM)).min(MAX_POSITIONS.max(len));
+        let join = |part: fn(&Kv) -> &[Tensor], l: usize| -> Result<Tensor> {
+            let (b, heads, _, dim) = part(first)[l].dims4()?;
+            let joined = Tensor::zeros((b, heads, room, dim), KV_DTYPE, &Device::Cpu)?;
+            let mut at = 0;
+            for block in blocks {
+                let t = &part(block)[l];
+                joined.slice_set(&t.narrow(2, 0, block.len)?.contiguous()?, 2, at)?;
+                at += block.len;
+            }
+            Ok(joined)
+        };
+        let k = (0..layers)
+            .map(|l| join(|b| &b.k, l))
+            .collect::<Result<Vec<_>>>()?;
+        let v = (0..layers)
+            .map(|l| join(|b| &b.v, l))
+            .collect::<Result<Vec<_>>>()?;
         Ok(Some(Kv { k, v, len }))
     }
 
