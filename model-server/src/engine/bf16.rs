@@ -106,7 +106,10 @@ impl Bf16Matrix {
         let rows = x.len() / self.width;
         let half = self.width / 2;
         // SAFETY: the CPU has AVX-512F and BF16 (checked above)
+        #[cfg(target_arch = "x86_64")]
         let xb = unsafe { avx512::to_pairs(x) };
+        #[cfg(not(target_arch = "x86_64"))]
+        let xb: Vec<u32> = x.chunks_exact(2).map(|v| pair(v[0], v[1])).collect();
         let per_panel = half * PANEL;
         let panels = self.pairs.len() / per_panel.max(1);
         // panel-major first (each task's strip contiguous), then rows
@@ -155,18 +158,27 @@ fn kernel<const R: usize>(w: &[u32], x: &[u32], half: usize, o: &mut [f32]) {
         return;
     }
     // SAFETY: `multiply` runs only where `available()`; the lengths are checked above
-    unsafe { avx512::kernel::<R>(w, x, half, o) }
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        avx512::kernel::<R>(w, x, half, o)
+    }
 }
 
 /// Whether this CPU multiplies bf16 pairs (AVX-512F and BF16; checked once).
 pub fn available() -> bool {
-    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *AVAILABLE.get_or_init(|| {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bf16")
-    })
+    #[cfg(target_arch = "x86_64")]
+    {
+        static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *AVAILABLE.get_or_init(|| {
+            std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bf16")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
+#[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::PANEL;
     use std::arch::x86_64::*;
@@ -291,6 +303,7 @@ mod tests {
         assert_eq!(bf16_bits(1.0 + 1.0 / 256.0), 0x3F80);
         assert_eq!(bf16_bits(1.0 + 3.0 / 256.0), 0x3F82);
         assert_eq!(from_bf16(bf16_bits(-2.5)), -2.5);
+        #[cfg(target_arch = "x86_64")]
         if available() {
             // the instruction's rounding is the scalar one, ties included
             let mut x = values(100, 5);
