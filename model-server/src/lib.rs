@@ -19,9 +19,10 @@
 //!   history, which routers poll (`GET /v1/cache/events`, wire types in
 //!   `prefix_core::protocol`).
 //! - [`engine`]: `sim` (latency model) and `candle` (real Llama forward pass, K/V per block,
-//!   requests batched continuously in one loop: `engine::batcher`; prefill through candle in
-//!   `engine::llama`, decode steps on plain slices in `engine::decode`: `engine::blocks`
-//!   multiplies by the `engine::q4`/`engine::q8` matrices, `engine::attention` per head).
+//!   requests batched continuously in one loop: `engine::batcher`; prefill in
+//!   `engine::llama`, its matmuls in bf16 (`engine::bf16`), decode steps on plain slices in
+//!   `engine::decode`: `engine::blocks` multiplies by the `engine::q4`/`engine::q8`
+//!   matrices, `engine::attention` per head; `engine::exp` for softmax and SiLU).
 //! - [`metrics`]: vLLM-named Prometheus metrics.
 
 pub mod admission;

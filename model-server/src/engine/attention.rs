@@ -8,6 +8,10 @@
 //! ~1.1 and ~8 ms with the f16 K/V held now ([`super::llama::KV_DTYPE`]), converted eight
 //! values at a time (F16C), and 0.77 and 5.5–6 ms with four positions' scores at a time and
 //! the weighted sum of V kept in registers (at ~260 positions).
+//!
+//! A prefill chunk's attention stays on candle's matmuls (its many queries make them
+//! compute-bound); only its scale, causal mask and softmax are one pass here
+//! ([`causal_softmax`]).
 
 use super::exp::exp_minus;
 use half::f16;

@@ -128,8 +128,9 @@ impl Kv {
         // chunk after a hit then writes in place instead of copying every cached position
         let room = (len + (len / 4).max(HEADROOM)).min(MAX_POSITIONS.max(len));
         let join = |part: fn(&Kv) -> &[Tensor], l: usize| -> Result<Tensor> {
-            let (b, heads, _, dim) = part(first)[l].dims4()?;
-            let joined = Tensor::zeros((b, heads, room, dim), KV_DTYPE, &Device::Cpu)?;
+            let shape = &part(first)[l];
+            let (b, heads, _, dim) = shape.dims4()?;
+            let joined = Tensor::zeros((b, heads, room, dim), KV_DTYPE, shape.device())?;
             let mut at = 0;
             for block in blocks {
                 let t = &part(block)[l];
