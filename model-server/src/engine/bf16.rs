@@ -104,6 +104,9 @@ impl Bf16Matrix {
             candle_core::bail!("{} values are not rows of {}", x.len(), self.width);
         }
         let rows = x.len() / self.width;
+        if rows == 0 {
+            return Ok(Vec::new());
+        }
         let half = self.width / 2;
         // SAFETY: the CPU has AVX-512F and BF16 (checked above)
         #[cfg(target_arch = "x86_64")]
@@ -348,6 +351,7 @@ mod tests {
             }
         }
         assert!(m.multiply(&[0.0; 95]).is_err());
+        assert!(m.multiply(&[]).unwrap().is_empty());
         assert!(Bf16Matrix::new(&[0.0; 99], 33).is_none());
     }
 }
