@@ -234,7 +234,7 @@ mod avx512 {
     //! [`ActRow::wide`] lanes; the offsets' term (`Σ m·s` over the row's blocks) is added once
     //! per row, sixteen blocks at a time, outside the loop.
 
-    use super::super::simd::add_block_terms;
+    use super::super::simd::{add_block_terms, pair_scales};
     use super::{ActRow, Q4Row, BLOCK, WIDE};
     use std::arch::x86_64::*;
 
@@ -258,11 +258,7 @@ mod avx512 {
                     _mm512_castsi256_si512(_mm256_and_si256(raw, low)),
                     _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low),
                 );
-                let dw = _mm512_mask_blend_ps(
-                    0xFF00,
-                    _mm512_set1_ps(*wd.get_unchecked(2 * pair)),
-                    _mm512_set1_ps(*wd.get_unchecked(2 * pair + 1)),
-                );
+                let dw = pair_scales(wd, pair);
                 for r in 0..R {
                     let x = xs[r];
                     let xq = _mm512_loadu_si512(x.q.as_ptr().add(pair * 2 * BLOCK).cast());

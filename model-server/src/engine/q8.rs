@@ -150,7 +150,7 @@ mod avx512 {
     //! activations are read plus 128 ([`ActRow::unsigned`]) and 128 × the weights' sum is
     //! taken off again ([`super::Q8Matrix`]'s correction).
 
-    use super::super::simd::add_block_terms;
+    use super::super::simd::{add_block_terms, pair_scales};
     use super::{ActRow, Q8Row, BLOCK, WIDE};
     use std::arch::x86_64::*;
 
@@ -168,13 +168,9 @@ mod avx512 {
                 add_block_terms(w.correction, xs[r].d, _mm512_setzero_ps())
             });
             for pair in 0..w.d.len() / 2 {
-                let (b0, b1) = (2 * pair, 2 * pair + 1);
+                let b0 = 2 * pair;
                 let wq = _mm512_loadu_si512(w.q.as_ptr().add(b0 * BLOCK).cast());
-                let dw = _mm512_mask_blend_ps(
-                    0xFF00,
-                    _mm512_set1_ps(*w.d.get_unchecked(b0)),
-                    _mm512_set1_ps(*w.d.get_unchecked(b1)),
-                );
+                let dw = pair_scales(w.d, pair);
                 for r in 0..R {
                     let x = xs[r];
                     let xu = _mm512_loadu_si512(x.unsigned.as_ptr().add(b0 * BLOCK).cast());

@@ -53,3 +53,20 @@ pub unsafe fn add_block_terms(c: &[f32], e: &[f32], mut acc: __m512) -> __m512 {
     }
     acc
 }
+
+/// A weight row's per-block scales for one pair of blocks as the 16-lane kernels lay a pair
+/// out: `d[2p]` in the low eight lanes, `d[2p + 1]` in the high eight.
+///
+/// # Safety
+/// The CPU must have AVX-512F, and `2p + 1 < d.len()`.
+#[target_feature(enable = "avx512f")]
+pub unsafe fn pair_scales(d: &[f32], p: usize) -> __m512 {
+    // SAFETY: both indices are inside `d` (the caller's contract)
+    unsafe {
+        _mm512_mask_blend_ps(
+            0xFF00,
+            _mm512_set1_ps(*d.get_unchecked(2 * p)),
+            _mm512_set1_ps(*d.get_unchecked(2 * p + 1)),
+        )
+    }
+}
