@@ -311,6 +311,7 @@ impl RouterConfig {
             ("weights.kv_cache", w.kv_cache),
             ("weights.imbalance_abs", w.imbalance_abs),
             ("weights.imbalance_ratio", w.imbalance_ratio),
+            ("weights.cold_slack", w.cold_slack),
         ] {
             if !(v.is_finite() && v >= 0.0) {
                 return Err(err(name, "must be a finite number ≥ 0"));

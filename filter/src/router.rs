@@ -254,6 +254,28 @@ impl Router {
             .map(|e| e.and_then(|e| self.live_owner(fleet, &e, now)))
     }
 
+    /// A pod still computing block `h` (recorded for it by an earlier request, of its current
+    /// generation, not ready yet at `now`): the latest recorded, if several.
+    fn computing_owner<S: Store>(
+        &self,
+        table: &OwnershipTable<'_, S>,
+        fleet: &Fleet,
+        h: BlockHash,
+        now: u64,
+    ) -> Option<usize> {
+        table
+            .owners(h)
+            .into_iter()
+            .flatten()
+            .filter(|e| e.stamp > now)
+            .filter_map(|e| {
+                let i = fleet.members.index_of(&e.pod)?;
+                (fleet.states.get(i)?.generation == e.generation).then_some((e.stamp, i))
+            })
+            .max()
+            .map(|(_, i)| i)
+    }
+
     fn choose<S: Store>(
         &self,
         table: &OwnershipTable<'_, S>,
@@ -263,6 +285,18 @@ impl Router {
         now: u64,
         fleet: &Fleet,
     ) -> Option<Decision> {
+        // only a prompt nobody holds yet follows a pod computing it
+        let computing = prompt.hashes.first().and_then(|&h| {
+            let held = match prompt.looked_up.iter().find(|(k, _)| *k == h) {
+                Some(&(_, owners)) => owners,
+                None => self.live_owners(table, fleet, h, now),
+            };
+            if held.iter().any(Option::is_some) {
+                None
+            } else {
+                self.computing_owner(table, fleet, h, now)
+            }
+        });
         let input = Inputs {
             policy,
             weights: &self.config.weights,
@@ -274,6 +308,7 @@ impl Router {
             demand,
             counter: self.next_counter(),
             random: self.next_random(),
+            computing,
         };
         decide(&input, |h| {
             match prompt.looked_up.iter().find(|(k, _)| *k == h) {
@@ -592,12 +627,24 @@ mod tests {
         let r = Router::new(config, Some(tiny_bundle(4)), 0);
         let first = route(&r, &host, &body("abcdefghij")).unwrap();
         assert_eq!(first.placed.decision.reason, Reason::Cold);
+        // nothing is cached there yet: the burst misses wherever it goes, so it goes to an
+        // idle pod, which becomes another owner
         let burst = route(&r, &host, &body("abcdefghij")).unwrap();
+        assert_eq!(burst.placed.decision.reason, Reason::Cold);
+        assert_ne!(burst.placed.decision.pod, first.placed.decision.pod);
+        // …until the pods computing it are as idle as any: then it follows the latest of them
+        let third = route(&r, &host, &body("abcdefghij")).unwrap();
+        assert_eq!(third.placed.decision.reason, Reason::Cold);
+        let busy = [first.placed.decision.pod, burst.placed.decision.pod];
+        assert!(!busy.contains(&third.placed.decision.pod), "the third pod");
+        let fourth = route(&r, &host, &body("abcdefghij")).unwrap();
         assert_eq!(
-            (burst.placed.decision.pod, burst.placed.decision.reason),
-            (first.placed.decision.pod, Reason::Cold),
-            "nothing is cached there yet; the rendezvous choice is the same pod"
+            (fourth.placed.decision.pod, fourth.placed.decision.reason),
+            (third.placed.decision.pod, Reason::Cold)
         );
+        for routed in [&first, &burst, &third, &fourth] {
+            done(&r, &host, routed);
+        }
         host.clock.set(host.clock.get() + 20_000_000);
         let later = route(&r, &host, &body("abcdefghij")).unwrap();
         assert_eq!(

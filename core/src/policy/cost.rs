@@ -225,6 +225,7 @@ mod tests {
             demand,
             counter: 0,
             random: 0,
+            computing: None,
         };
         let mut o = [None; crate::table::WAYS];
         for (slot, &p) in o.iter_mut().zip(owners) {
