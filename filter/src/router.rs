@@ -233,12 +233,17 @@ impl Router {
         }
     }
 
-    /// The pod an entry names, if it is configured here, the entry is of the pod's current
-    /// cache generation (older entries are dead) and ready at `now` (a pod still computing the
-    /// blocks does not hold them yet: `OwnershipTable::record`).
-    fn live_owner(&self, fleet: &Fleet, e: &Entry, now: u64) -> Option<usize> {
+    /// The pod an entry names, if it is configured here and the entry is of the pod's current
+    /// cache generation (older entries are dead).
+    fn current_pod(&self, fleet: &Fleet, e: &Entry) -> Option<usize> {
         let i = fleet.members.index_of(&e.pod)?;
-        (fleet.states.get(i)?.generation == e.generation && e.stamp <= now).then_some(i)
+        (fleet.states.get(i)?.generation == e.generation).then_some(i)
+    }
+
+    /// [`Router::current_pod`], if the entry is also ready at `now` (a pod still computing
+    /// the blocks does not hold them yet: `OwnershipTable::record`).
+    fn live_owner(&self, fleet: &Fleet, e: &Entry, now: u64) -> Option<usize> {
+        self.current_pod(fleet, e).filter(|_| e.stamp <= now)
     }
 
     /// The live owners of block `h` (member positions).
@@ -254,28 +259,6 @@ impl Router {
             .map(|e| e.and_then(|e| self.live_owner(fleet, &e, now)))
     }
 
-    /// A pod still computing block `h` (recorded for it by an earlier request, of its current
-    /// generation, not ready yet at `now`): the latest recorded, if several.
-    fn computing_owner<S: Store>(
-        &self,
-        table: &OwnershipTable<'_, S>,
-        fleet: &Fleet,
-        h: BlockHash,
-        now: u64,
-    ) -> Option<usize> {
-        table
-            .owners(h)
-            .into_iter()
-            .flatten()
-            .filter(|e| e.stamp > now)
-            .filter_map(|e| {
-                let i = fleet.members.index_of(&e.pod)?;
-                (fleet.states.get(i)?.generation == e.generation).then_some((e.stamp, i))
-            })
-            .max()
-            .map(|(_, i)| i)
-    }
-
     fn choose<S: Store>(
         &self,
         table: &OwnershipTable<'_, S>,
@@ -285,18 +268,27 @@ impl Router {
         now: u64,
         fleet: &Fleet,
     ) -> Option<Decision> {
-        // only a prompt nobody holds yet follows a pod computing it
-        let computing = prompt.hashes.first().and_then(|&h| {
-            let held = match prompt.looked_up.iter().find(|(k, _)| *k == h) {
-                Some(&(_, owners)) => owners,
-                None => self.live_owners(table, fleet, h, now),
-            };
-            if held.iter().any(Option::is_some) {
-                None
-            } else {
-                self.computing_owner(table, fleet, h, now)
-            }
-        });
+        // owners found while hashing are not looked up again
+        let owners = |h: BlockHash| match prompt.looked_up.iter().find(|(k, _)| *k == h) {
+            Some(&(_, owners)) => owners,
+            None => self.live_owners(table, fleet, h, now),
+        };
+        // a prompt nobody holds yet follows the pod computing its first block (the latest
+        // recorded, if several), while that pod is among the idlest
+        let computing = prompt
+            .hashes
+            .first()
+            .filter(|&&h| owners(h).iter().all(Option::is_none))
+            .and_then(|&h| {
+                table
+                    .owners(h)
+                    .into_iter()
+                    .flatten()
+                    .filter(|e| e.stamp > now)
+                    .filter_map(|e| Some((e.stamp, self.current_pod(fleet, &e)?)))
+                    .max()
+            })
+            .map(|(_, pod)| pod);
         let input = Inputs {
             policy,
             weights: &self.config.weights,
@@ -310,12 +302,7 @@ impl Router {
             random: self.next_random(),
             computing,
         };
-        decide(&input, |h| {
-            match prompt.looked_up.iter().find(|(k, _)| *k == h) {
-                Some(&(_, owners)) => owners,
-                None => self.live_owners(table, fleet, h, now),
-            }
-        })
+        decide(&input, owners)
     }
 
     /// Tokenizes and hashes the prompt only as deep as a healthy pod owns it: 1, 2, 4, …
