@@ -288,8 +288,9 @@ pub struct Inputs<'a, S: AsRef<str>> {
     /// A random number for the `random` policy.
     pub random: u64,
     /// A pod that an earlier request sent the prompt's first block to and that is still
-    /// computing it (recorded, not yet ready): the burst of a new prefix follows it there
-    /// rather than start the same prefill on another pod.
+    /// computing it (recorded, not yet ready). A cold prompt follows it there only while it
+    /// is among the idlest pods (`cold_slack`): the request misses on any pod, so while that
+    /// pod is busier an idle pod takes it and becomes another owner.
     pub computing: Option<usize>,
 }
 
