@@ -182,8 +182,8 @@ pub struct Weights {
     /// much of the idlest pod's (0: the idlest pods, rendezvous among equals). A burst of a
     /// new prefix then spreads over idle pods while it is computed, rather than queueing on
     /// the one computing it: those requests miss either way, and each idle pod that takes one
-    /// becomes another owner (measured: +8–9 % req/s with a few hot groups, +6 % with many,
-    /// against 8).
+    /// becomes another owner (measured: about +7 % req/s with a few hot groups, +6 % with
+    /// many, against 8).
     pub cold_slack: f64,
 }
 

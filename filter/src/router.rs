@@ -274,10 +274,12 @@ impl Router {
             None => self.live_owners(table, fleet, h, now),
         };
         // a prompt nobody holds yet follows the pod computing its first block (the latest
-        // recorded, if several), while that pod is among the idlest
+        // recorded, if several), while that pod is among the idlest (policy `prefix` only:
+        // no other reads it)
         let computing = prompt
             .hashes
             .first()
+            .filter(|_| policy == Policy::Prefix)
             .filter(|&&h| owners(h).iter().all(Option::is_none))
             .and_then(|&h| {
                 table
