@@ -202,3 +202,24 @@ fn repeated_long_segments_match() {
 fn long_texts_cut_into_chunks_match() {
     common::check_long_random("SmolLM2", &tokenizer(), 0x0c4a_2c4a_2c4a, 600);
 }
+
+/// Text decoded from random token ids, as load generators make prompts (inference-perf's
+/// `shared_prefix` data): runs of word pieces glued into long words no dictionary has, the
+/// case the BPE merge loop is slowest on.
+#[test]
+fn random_token_texts_match() {
+    let t = tokenizer();
+    let vocab = t.vocab_size() as u64;
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for _ in 0..300 {
+        let ids: Vec<u32> = (0..64)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x % vocab) as u32
+            })
+            .collect();
+        check(&t, &t.decode(&ids).unwrap());
+    }
+}

@@ -550,7 +550,50 @@ mod tests {
             .and_then(|v| v.parse().ok())
             .unwrap_or(20_000);
         let same = std::env::var("SAME").is_ok();
+        // RANDOM_TOKENS=groups: prompts decoded from random token ids, a shared prefix per
+        // group and a question per request, as inference-perf's `shared_prefix` data makes them
+        let random_groups: Option<usize> = std::env::var("RANDOM_TOKENS")
+            .ok()
+            .and_then(|v| v.parse().ok());
+        let random_bodies: Vec<String> = match random_groups {
+            Some(groups) => {
+                let tok = prefix_core::tokenizer::Tokenizer::from_json_bytes(
+                    &std::fs::read(concat!(
+                        env!("CARGO_MANIFEST_DIR"),
+                        "/../data/models/SmolLM2-135M-Instruct/tokenizer.json"
+                    ))
+                    .unwrap(),
+                )
+                .unwrap();
+                let vocab = tok.vocab_size() as u64;
+                let mut x: u64 = 42;
+                let mut ids = |len: usize| -> Vec<u32> {
+                    (0..len)
+                        .map(|_| {
+                            x ^= x << 13;
+                            x ^= x >> 7;
+                            x ^= x << 17;
+                            (x % vocab) as u32
+                        })
+                        .collect()
+                };
+                let prefixes: Vec<Vec<u32>> = (0..groups).map(|_| ids(2048)).collect();
+                (0..n)
+                    .map(|i| {
+                        let mut all = prefixes[i % groups].clone();
+                        all.extend(ids(64));
+                        let prompt = tok.decode(&all).unwrap();
+                        serde_json::json!({"model": "SmolLM2-135M-Instruct", "prompt": prompt, "max_tokens": 1})
+                            .to_string()
+                    })
+                    .collect()
+            }
+            None => Vec::new(),
+        };
         let body = |i: usize| {
+            if let Some(b) = random_bodies.get(i) {
+                return b.clone();
+            }
             let lead = if same { String::new() } else { format!("{i} ") };
             format!(r#"{{"model":"SmolLM2-135M-Instruct","prompt":"{lead}{text}","max_tokens":1}}"#)
         };
@@ -566,6 +609,11 @@ mod tests {
             ctx.response_headers();
             ctx.response_body(100, true);
             ctx.log();
+            if i + 1 == n {
+                eprintln!("host calls of the last request: {:?}", host.take_tally());
+            } else {
+                host.take_tally();
+            }
         }
         eprintln!(
             "{:.1} µs per request ({n} requests, same prompt: {same})",
