@@ -557,14 +557,11 @@ mod tests {
             .and_then(|v| v.parse().ok());
         let random_bodies: Vec<String> = match random_groups {
             Some(groups) => {
-                let tok = prefix_core::tokenizer::Tokenizer::from_json_bytes(
-                    &std::fs::read(concat!(
-                        env!("CARGO_MANIFEST_DIR"),
-                        "/../data/models/SmolLM2-135M-Instruct/tokenizer.json"
-                    ))
-                    .unwrap(),
-                )
-                .unwrap();
+                use prefix_core::protocol::defaults::{data_dir, model_dir};
+                let repo = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+                let json = std::fs::read(model_dir(&data_dir(repo)).join("tokenizer.json"));
+                let tok =
+                    prefix_core::tokenizer::Tokenizer::from_json_bytes(&json.unwrap()).unwrap();
                 let vocab = tok.vocab_size() as u64;
                 let mut x: u64 = 42;
                 let mut ids = |len: usize| -> Vec<u32> {

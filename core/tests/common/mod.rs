@@ -11,7 +11,7 @@ pub fn check(what: &str, t: &Tokenizer, text: &str) {
 }
 
 /// A seeded xorshift64 generator.
-fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+pub fn xorshift(seed: u64) -> impl FnMut() -> u64 {
     let mut state = seed;
     move || {
         state ^= state << 13;
