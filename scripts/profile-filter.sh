@@ -7,6 +7,8 @@
 #   scripts/profile-filter.sh            prompts unique by a leading counter
 #   SAME=1 scripts/profile-filter.sh     the same prompt every time
 #   ROUNDS=60000 scripts/profile-filter.sh
+#   RANDOM_TOKENS=32 scripts/profile-filter.sh   inference-perf's prompts: random token ids
+#                                                decoded to text, 32 shared prefixes
 # Needs node ≥ 20 (not installed by setup: a developer's tool, not part of the tests).
 # The µs per request it prints is V8 running the filter's own code; in Envoy each request
 # also pays the host calls and the proxy-wasm crossings.
@@ -25,6 +27,8 @@ const wasi = new WASI({
   version: 'preview1',
   args: ['test', 'native_request_path', '--ignored', '--nocapture', '--test-threads=1'],
   env: { ...process.env },
+  // RANDOM_TOKENS reads the installed tokenizer.json (to decode random ids) from the checkout
+  preopens: { [process.env.REPO]: process.env.REPO },
 });
 const mod = new WebAssembly.Module(fs.readFileSync(process.argv[2]));
 const imports = wasi.getImportObject();
@@ -60,6 +64,6 @@ for (const [label, m] of [['self', self], ['inclusive', incl]]) {
     .forEach(([k, v]) => console.log(`${(100 * v / p.samples.length).toFixed(1).padStart(6)}  ${k.slice(0, 120)}`));
 }
 EOF
-ROUNDS=${ROUNDS:-40000} node --no-warnings --cpu-prof --cpu-prof-interval 200 --cpu-prof-dir="$out" "$out/run.cjs" "$wasm" 2>&1 | grep "µs"
+REPO=$PWD ROUNDS=${ROUNDS:-40000} node --no-warnings --cpu-prof --cpu-prof-interval 200 --cpu-prof-dir="$out" "$out/run.cjs" "$wasm" 2>&1 | grep -E "µs|panicked|Error|error" || true
 node "$out/top.cjs" "$out"
 rm -rf "$out"

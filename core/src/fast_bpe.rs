@@ -61,8 +61,46 @@ enum WordIds {
     Many(Box<[u32]>),
 }
 
-/// Split words and their BPE results.
-type WordCache = FastMap<Box<str>, WordIds>;
+/// Slots of [`Words`]' table of words seen once: a fixed 32 KB.
+const WORD_SEEN_SLOTS: usize = 4096;
+
+/// Split words and their BPE results, kept from a word's second sighting on (as [`Recall`]
+/// keeps texts): a word seen once costs a hash and a slot, not two allocations and a map
+/// entry. Prompts decoded from random token ids (inference-perf's) glue pieces into words
+/// that never come back; kept on first sight they filled the map to its limit, and each
+/// lookup in the large map was a cache miss (measured with perf, natively).
+#[derive(Default)]
+struct Words {
+    kept: FastMap<Box<str>, WordIds>,
+    seen_once: Vec<u64>,
+    /// the merge loop's buffers, reused word after word
+    scratch: Scratch,
+}
+
+#[derive(Default)]
+struct Scratch {
+    ids: Vec<u32>,
+    /// `ranks[i]`: (rank, merged id) of `ids[i]` and `ids[i + 1]`
+    ranks: Vec<(u32, u32)>,
+}
+
+impl Words {
+    /// Notes a word not kept; true if it was the last word noted in its slot (seen before).
+    fn seen_before(&mut self, word: &str) -> bool {
+        if self.seen_once.is_empty() {
+            self.seen_once = vec![0; WORD_SEEN_SLOTS];
+        }
+        let key = xxhash_rust::xxh3::xxh3_64(word.as_bytes());
+        match self.seen_once.get_mut((key as usize) % WORD_SEEN_SLOTS) {
+            Some(seen) if *seen == key => true,
+            Some(seen) => {
+                *seen = key;
+                false
+            }
+            None => false,
+        }
+    }
+}
 
 /// Per-encoder memo. Three levels, all exact: text between two added tokens is encoded
 /// independently of everything around it, so a repeated segment (a runbook prompt sent again,
@@ -73,7 +111,7 @@ type WordCache = FastMap<Box<str>, WordIds>;
 /// reuses its BPE result.
 #[derive(Default)]
 struct Memo {
-    words: WordCache,
+    words: Words,
     segments: Recall,
     chunks: Recall,
 }
@@ -566,8 +604,8 @@ impl FastBpe {
     /// whole as if encoded in one.
     pub fn encode_from(&self, text: &str, cursor: &mut Cursor, want: usize, out: &mut Vec<u32>) {
         let mut memo = self.cache.lock().unwrap_or_else(|p| p.into_inner());
-        if memo.words.len() > CACHE_LIMIT {
-            memo.words.clear();
+        if memo.words.kept.len() > CACHE_LIMIT {
+            memo.words.kept.clear();
         }
         let start = cursor.pos;
         let Some(rest) = text.get(start..) else {
@@ -706,7 +744,7 @@ impl FastBpe {
         b.len()
     }
 
-    fn encode_segment(&self, seg: &str, cache: &mut WordCache, out: &mut Vec<u32>) {
+    fn encode_segment(&self, seg: &str, cache: &mut Words, out: &mut Vec<u32>) {
         if seg.is_empty() {
             return;
         }
@@ -720,7 +758,7 @@ impl FastBpe {
         self.encode_split(seg, cache, out)
     }
 
-    fn encode_split(&self, seg: &str, cache: &mut WordCache, out: &mut Vec<u32>) {
+    fn encode_split(&self, seg: &str, cache: &mut Words, out: &mut Vec<u32>) {
         let digits = match self.splitter {
             Splitter::Pattern { max_digits } => {
                 return self.encode_pattern(seg, max_digits, cache, out)
@@ -754,7 +792,7 @@ impl FastBpe {
     }
 
     /// The GPT-2 split of one pre-tokenized piece, then BPE on each word.
-    fn encode_piece(&self, piece: &str, cache: &mut WordCache, out: &mut Vec<u32>) {
+    fn encode_piece(&self, piece: &str, cache: &mut Words, out: &mut Vec<u32>) {
         let mut pos = 0;
         while pos < piece.len() {
             let mut end = match Self::ascii_match_end(piece.as_bytes(), pos) {
@@ -783,13 +821,7 @@ impl FastBpe {
     /// `\s*[\r\n]+` and before `\s+`: a whitespace run with no line break that is followed
     /// by a non-space leaves its last character to the next word (which may then start with
     /// it, e.g. `" word"`).
-    fn encode_pattern(
-        &self,
-        seg: &str,
-        max_digits: usize,
-        cache: &mut WordCache,
-        out: &mut Vec<u32>,
-    ) {
+    fn encode_pattern(&self, seg: &str, max_digits: usize, cache: &mut Words, out: &mut Vec<u32>) {
         let mut pos = 0;
         while pos < seg.len() {
             let (start, mut end) = match pattern_ascii_end(seg.as_bytes(), pos, max_digits) {
@@ -822,18 +854,20 @@ impl FastBpe {
     }
 
     /// One word's ids, from the cache or by BPE.
-    fn word(&self, word: &str, cache: &mut WordCache, out: &mut Vec<u32>) {
-        match cache.get(word) {
+    fn word(&self, word: &str, cache: &mut Words, out: &mut Vec<u32>) {
+        match cache.kept.get(word) {
             Some(WordIds::One(id)) => out.push(*id),
             Some(WordIds::Many(ids)) => out.extend_from_slice(ids),
             None => {
-                let ids = self.bpe(word);
-                out.extend_from_slice(&ids);
-                let ids = match *ids {
-                    [id] => WordIds::One(id),
-                    _ => WordIds::Many(ids.into_boxed_slice()),
-                };
-                cache.insert(word.into(), ids);
+                self.bpe(word, &mut cache.scratch);
+                out.extend_from_slice(&cache.scratch.ids);
+                if cache.seen_before(word) {
+                    let ids = match *cache.scratch.ids {
+                        [id] => WordIds::One(id),
+                        ref ids => WordIds::Many(ids.into()),
+                    };
+                    cache.kept.insert(word.into(), ids);
+                }
             }
         }
     }
@@ -870,18 +904,20 @@ impl FastBpe {
     /// whose words are new, such as prompts decoded from random token ids (inference-perf's):
     /// natively a new 64-token random question went from 67 to 41 µs p50 (README, filter
     /// overhead).
-    fn bpe(&self, word: &str) -> Vec<u32> {
+    fn bpe(&self, word: &str, scratch: &mut Scratch) {
+        let Scratch { ids, ranks } = scratch;
         // a byte whose character the vocabulary lacks is dropped, as `tokenizers` does for
         // a BPE model without an unknown token (its neighbours may then merge)
-        let mut ids: Vec<u32> = word
-            .bytes()
-            .map(|b| self.byte_ids[b as usize])
-            .filter(|&id| id != u32::MAX)
-            .collect();
+        ids.clear();
+        ids.extend(
+            word.bytes()
+                .map(|b| self.byte_ids[b as usize])
+                .filter(|&id| id != u32::MAX),
+        );
         const NONE: (u32, u32) = (u32::MAX, u32::MAX);
         let pair = |a: u32, b: u32| self.merges.get(&(a, b)).copied().unwrap_or(NONE);
-        // ranks[i]: (rank, merged id) of ids[i] and ids[i + 1]
-        let mut ranks: Vec<(u32, u32)> = ids.windows(2).map(|w| pair(w[0], w[1])).collect();
+        ranks.clear();
+        ranks.extend(ids.windows(2).map(|w| pair(w[0], w[1])));
         loop {
             let mut at = None;
             let mut best = u32::MAX;
@@ -902,7 +938,6 @@ impl FastBpe {
                 ranks[i] = pair(ids[i], ids[i + 1]);
             }
         }
-        ids
     }
 }
 
@@ -1057,6 +1092,19 @@ mod tests {
             assert_eq!(t.encode(&text), fresh(&text));
         }
         assert_eq!(kept_chunks(&t), 0);
+    }
+
+    #[test]
+    fn a_word_is_kept_from_its_second_sighting() {
+        let t = smollm2();
+        let kept = |t: &FastBpe| t.cache.lock().map_or(0, |m| m.words.kept.len());
+        let ids = t.encode("drain the queue");
+        assert_eq!(kept(&t), 0, "seen once: noted, not kept");
+        assert_eq!(t.encode("drain the queue"), ids);
+        assert_eq!(kept(&t), 3, "\"drain\", \" the\", \" queue\"");
+        assert_eq!(t.encode("drain the queue"), ids, "from the cache");
+        assert_eq!(t.encode("the queue"), smollm2().encode("the queue"));
+        assert_eq!(kept(&t), 3, "\"the\" is seen once");
     }
 
     #[test]
