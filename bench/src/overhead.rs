@@ -253,11 +253,7 @@ pub fn run(
             run(&url_filter, connections, seconds)
         })?;
         // right after the saturated run, so Envoy's last stats interval is that load's
-        let stats = test_harness::cluster::client()
-            .get(filtered.admin_url("/stats?filter=prefix_router_(route|tokenize)_us$"))
-            .send()
-            .and_then(|r| r.text())
-            .unwrap_or_default();
+        let stats = filter_stats(&filtered);
         let quiet = (seconds / 2).max(2);
         let unloaded_without_filter = run(&url_plain, 1, quiet)?;
         let unloaded_with_filter = run(&url_filter, 1, quiet)?;
@@ -292,8 +288,8 @@ pub fn run(
             added_p50_ms: with_filter.p50_ms - without_filter.p50_ms,
             added_p99_ms: with_filter.p99_ms - without_filter.p99_ms,
             rps_ratio: with_filter.requests_per_sec / without_filter.requests_per_sec.max(1e-9),
-            filter_route_us: interval_p50_p99(&stats, "prefix_router_route_us"),
-            filter_tokenize_us: interval_p50_p99(&stats, "prefix_router_tokenize_us"),
+            filter_route_us: FilterTimes::of(&stats, Span::Interval).route_us,
+            filter_tokenize_us: FilterTimes::of(&stats, Span::Interval).tokenize_us,
             without_filter,
             with_filter,
             direct,
@@ -322,21 +318,62 @@ pub fn run(
     Ok((rows, footprint))
 }
 
-/// P50 and P99 of the last stats-flush interval from Envoy's text histogram line
-/// `name: P0(i,c) … P50(i,c) … P99(i,c) …` (i = interval, c = cumulative).
-fn interval_p50_p99(stats: &str, name: &str) -> Option<(f64, f64)> {
+/// The filter's histograms of its own time per request (route: parse, render, tokenize,
+/// hash, look up, choose; tokenize: render and tokenize), as Envoy's admin prints them.
+pub fn filter_stats(envoy: &test_harness::cluster::Envoy) -> String {
+    test_harness::cluster::client()
+        .get(envoy.admin_url("/stats?filter=prefix_router_(route|tokenize)_us$"))
+        .send()
+        .and_then(|r| r.text())
+        .unwrap_or_default()
+}
+
+/// Which of the two values Envoy prints per quantile of a histogram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Span {
+    /// the last stats-flush interval (5 s): the load just before it was read
+    Interval,
+    /// everything since Envoy started: a whole run on a fresh Envoy, however short
+    Cumulative,
+}
+
+/// P50 and P99 (µs) of the filter's route and tokenize histograms, `None` without samples.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct FilterTimes {
+    pub route_us: Option<(f64, f64)>,
+    pub tokenize_us: Option<(f64, f64)>,
+}
+
+impl FilterTimes {
+    pub fn of(stats: &str, span: Span) -> FilterTimes {
+        FilterTimes {
+            route_us: p50_p99(stats, "prefix_router_route_us", span),
+            tokenize_us: p50_p99(stats, "prefix_router_tokenize_us", span),
+        }
+    }
+}
+
+/// P50 and P99 from Envoy's text histogram line `name: P0(i,c) … P50(i,c) … P99(i,c) …`
+/// (i = interval, c = cumulative).
+fn p50_p99(stats: &str, name: &str, span: Span) -> Option<(f64, f64)> {
     // Envoy names wasm metrics `wasmcustom.<name>` outside the Prometheus format
     let line = stats.lines().find_map(|l| {
         l.strip_prefix("wasmcustom.")
             .unwrap_or(l)
             .strip_prefix(&format!("{name}: "))
     })?;
-    let interval = |q: &str| -> Option<f64> {
+    let value = |q: &str| -> Option<f64> {
         let rest = line.split_whitespace().find_map(|w| w.strip_prefix(q))?;
-        let v: f64 = rest.split(',').next()?.parse().ok()?;
+        let (interval, cumulative) = rest.trim_end_matches(')').split_once(',')?;
+        let v: f64 = match span {
+            Span::Interval => interval,
+            Span::Cumulative => cumulative,
+        }
+        .parse()
+        .ok()?;
         v.is_finite().then_some(v)
     };
-    Some((interval("P50(")?, interval("P99(")?))
+    Some((value("P50(")?, value("P99(")?))
 }
 
 #[cfg(test)]
@@ -357,19 +394,21 @@ mod tests {
     }
 
     #[test]
-    fn reads_interval_quantiles() {
+    fn reads_interval_and_cumulative_quantiles() {
+        use super::{FilterTimes, Span};
         let text =
             "wasmcustom.prefix_router_route_us: P0(80,70) P25(90,85) P50(101.5,99) P75(120,110) \
                     P90(150,140) P95(170,160) P99(250,240) P99.5(260,250) P99.9(270,260) \
                     P100(280,270)\nprefix_router_tokenize_us: P0(nan,1) P50(nan,2) P99(nan,3)";
+        let interval = FilterTimes::of(text, Span::Interval);
+        assert_eq!(interval.route_us, Some((101.5, 250.0)));
+        assert_eq!(interval.tokenize_us, None, "no samples in the interval");
+        let cumulative = FilterTimes::of(text, Span::Cumulative);
+        assert_eq!(cumulative.route_us, Some((99.0, 240.0)));
+        assert_eq!(cumulative.tokenize_us, Some((2.0, 3.0)));
         assert_eq!(
-            super::interval_p50_p99(text, "prefix_router_route_us"),
-            Some((101.5, 250.0))
-        );
-        assert_eq!(
-            super::interval_p50_p99(text, "prefix_router_tokenize_us"),
-            None,
-            "no samples in the interval"
+            FilterTimes::of("", Span::Cumulative),
+            FilterTimes::default()
         );
     }
 }
@@ -449,11 +488,7 @@ pub fn families(
         let url = envoy.url("/v1/completions");
         wrk::run(&url, &body, 2, 1, &dir)?;
         let with = wrk::run(&url, &body, 1, seconds, &dir)?;
-        let stats = test_harness::cluster::client()
-            .get(envoy.admin_url("/stats?filter=prefix_router_(route|tokenize)_us$"))
-            .send()
-            .and_then(|r| r.text())
-            .unwrap_or_default();
+        let stats = filter_stats(&envoy);
         rows.push(FamilyRow {
             family: (*family).to_owned(),
             tokenizer_json_bytes: std::fs::metadata(model_dir.join("tokenizer.json"))
@@ -463,8 +498,8 @@ pub fn families(
             envoy_rss_mb: rss_mb(envoy.proc.pid()),
             envoy_rss_without_filter_mb: rss_mb(plain.proc.pid()),
             added_p50_unloaded_ms: with.p50_ms - without.p50_ms,
-            filter_route_us: interval_p50_p99(&stats, "prefix_router_route_us"),
-            filter_tokenize_us: interval_p50_p99(&stats, "prefix_router_tokenize_us"),
+            filter_route_us: FilterTimes::of(&stats, Span::Interval).route_us,
+            filter_tokenize_us: FilterTimes::of(&stats, Span::Interval).tokenize_us,
         });
         let _ = std::fs::copy(&envoy.proc.log, out.join(format!("envoy-{family}.log")));
     }

@@ -4,6 +4,7 @@
 
 use super::inference_perf::{self, IpSummary, IpWorkload};
 use super::oracle::{oracle, Oracle};
+use super::overhead::{FilterTimes, Span};
 use super::peers::{self, Front};
 use super::replay::{quantile, replay, Arrivals, Outcome};
 use super::trace::{generate, write_jsonl, TraceParams, Workload};
@@ -95,21 +96,35 @@ pub struct PolicyRun {
     pub spread: f64,
     /// CPU seconds the front (Envoy, or the peer router) spent per 1000 requests
     pub front_cpu_s_per_1k: f64,
+    /// the filter's own time per request over the whole run (its histograms; not for the
+    /// peers, nor the floor filter)
+    pub filter: FilterTimes,
     /// TTFTs of successful requests (for the CDF plot)
     #[serde(skip)]
     pub ttfts: Vec<f64>,
 }
 
 fn cpu_seconds(pid: Option<u32>) -> f64 {
-    let Some(pid) = pid else { return 0.0 };
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0.0;
-    };
-    // fields after the command name "(…)": utime and stime are the 12th and 13th
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(11) + ticks(12)) / 100.0
+    super::overhead::cpu_seconds(pid).unwrap_or(0.0)
+}
+
+/// The filter's time per request over the whole run: cumulative quantiles (this Envoy served
+/// only this run), read once a stats flush has found no new samples, so the run's last
+/// requests are in them. Polls for at most a few flush intervals.
+fn filter_times(envoy: &test_harness::cluster::Envoy) -> FilterTimes {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let stats = super::overhead::filter_stats(envoy);
+        let all = FilterTimes::of(&stats, Span::Cumulative);
+        let flushed_idle = FilterTimes::of(&stats, Span::Interval).route_us.is_none();
+        if (all.route_us.is_some() && flushed_idle) || Instant::now() >= deadline {
+            if std::env::var_os("BENCH_DUMP_STATS").is_some() {
+                eprintln!("{stats}");
+            }
+            return all;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// The process in front of the pods for one run.
@@ -130,6 +145,8 @@ impl Running {
                     // on only to study decisions (the replay then records each reason)
                     s.debug_headers = std::env::var_os("BENCH_DEBUG_HEADERS").is_some();
                     s.max_body_bytes = 8 * 1024 * 1024;
+                    // the filter's histograms reach the admin only at a flush (filter_times)
+                    s.stats_flush_interval = Some("1s".into());
                     // plugin-config fields to try (`{"weights":{"imbalance_abs":16}}`)
                     if let Ok(v) = std::env::var("BENCH_PLUGIN_EXTRA") {
                         match serde_json::from_str(&v) {
@@ -266,6 +283,10 @@ pub fn run_one(
         }
     };
     let cpu = cpu_seconds(running.pid()) - cpu0;
+    let filter = match &running {
+        Running::Envoy(e) => filter_times(e),
+        Running::Peer(_) => FilterTimes::default(),
+    };
 
     let http = client();
     let metric = |name: &str| -> Vec<f64> {
@@ -307,6 +328,7 @@ pub fn run_one(
         spread: if mean > 0.0 { max / mean } else { f64::NAN },
         per_pod,
         front_cpu_s_per_1k: cpu / m.requests.max(1) as f64 * 1000.0,
+        filter,
         ttfts: m.ttfts,
     })
 }

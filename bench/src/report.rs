@@ -1,5 +1,6 @@
 //! The policy comparison as a table, JSON and CSV, plus the goals as ratios.
 
+use super::overhead::FilterTimes;
 use super::policies::{PolicyRun, HOT_SATURATED, IP_HOT_GROUPS, IP_MANY_GROUPS, SATURATED};
 use std::fmt::Write as _;
 use std::path::Path;
@@ -12,18 +13,29 @@ pub fn table(runs: &[PolicyRun]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "{:<23} {:<25} {:>5} {:>4} {:>9} {:>9} {:>9} {:>9} {:>7} {:>8} {:>6} {:>6} {:>6} {:>6} {:>8}",
-        "workload", "policy", "reqs", "err", "ttft p50", "ttft p90", "ttft p99", "e2e p90", "req/s", "out tok/s", "hit", "oracle", "vs or.", "spread", "cpu/1k"
+        "{:<23} {:<25} {:>5} {:>4} {:>9} {:>9} {:>9} {:>9} {:>7} {:>8} {:>6} {:>6} {:>6} {:>6} {:>8} {:>11}",
+        "workload", "policy", "reqs", "err", "ttft p50", "ttft p90", "ttft p99", "e2e p90", "req/s", "out tok/s", "hit", "oracle", "vs or.", "spread", "cpu/1k", "filter µs"
     );
     for r in runs {
         let _ = writeln!(
             s,
-            "{:<23} {:<25} {:>5} {:>4} {:>7.0}ms {:>7.0}ms {:>7.0}ms {:>7.0}ms {:>7.2} {:>9.1} {:>6.3} {:>6.3} {:>6.2} {:>6.2} {:>7.2}s",
+            "{:<23} {:<25} {:>5} {:>4} {:>7.0}ms {:>7.0}ms {:>7.0}ms {:>7.0}ms {:>7.2} {:>9.1} {:>6.3} {:>6.3} {:>6.2} {:>6.2} {:>7.2}s {:>11}",
             r.workload, r.policy, r.requests, r.errors, r.ttft_p50_ms, r.ttft_p90_ms, r.ttft_p99_ms, r.e2e_p90_ms, r.requests_per_s,
-            r.output_tokens_per_s, r.hit_rate, r.oracle.hit_rate, r.hit_rate_vs_oracle, r.spread, r.front_cpu_s_per_1k
+            r.output_tokens_per_s, r.hit_rate, r.oracle.hit_rate, r.hit_rate_vs_oracle, r.spread, r.front_cpu_s_per_1k,
+            filter_p50s(&r.filter)
         );
     }
     s
+}
+
+/// The filter's route and tokenize p50s over a run, `route/tokenize` in µs; `-` where no
+/// filter ran (a peer router, the floor filter).
+fn filter_p50s(f: &FilterTimes) -> String {
+    match (f.route_us, f.tokenize_us) {
+        (Some((route, _)), Some((tokenize, _))) => format!("{route:.0}/{tokenize:.0}"),
+        (Some((route, _)), None) => format!("{route:.0}/-"),
+        _ => "-".to_owned(),
+    }
 }
 
 /// The goals, as measured ratios (reported, never asserted).
@@ -162,14 +174,21 @@ pub fn peer_goals(runs: &[PolicyRun]) -> String {
     s
 }
 
+/// An optional figure as a CSV field: empty when absent.
+fn csv(v: Option<f64>) -> String {
+    v.map(|v| format!("{v:.1}")).unwrap_or_default()
+}
+
 pub fn write_csv(runs: &[PolicyRun], path: &Path) -> anyhow::Result<()> {
-    let mut s = String::from("workload,policy,requests,ok,errors,ttft_p50_ms,ttft_p90_ms,ttft_p99_ms,e2e_p50_ms,e2e_p90_ms,e2e_p99_ms,duration_s,requests_per_s,output_tokens_per_s,prompt_tokens,hit_tokens,hit_rate,oracle_hit_rate,hit_rate_vs_oracle,spread,front_cpu_s_per_1k\n");
+    let mut s = String::from("workload,policy,requests,ok,errors,ttft_p50_ms,ttft_p90_ms,ttft_p99_ms,e2e_p50_ms,e2e_p90_ms,e2e_p99_ms,duration_s,requests_per_s,output_tokens_per_s,prompt_tokens,hit_tokens,hit_rate,oracle_hit_rate,hit_rate_vs_oracle,spread,front_cpu_s_per_1k,filter_route_p50_us,filter_route_p99_us,filter_tokenize_p50_us,filter_tokenize_p99_us\n");
     for r in runs {
         let _ = writeln!(
             s,
-            "{},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{},{},{:.5},{:.5},{:.4},{:.3},{:.4}",
+            "{},{},{},{},{},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{},{},{:.5},{:.5},{:.4},{:.3},{:.4},{},{},{},{}",
             r.workload, r.policy, r.requests, r.ok, r.errors, r.ttft_p50_ms, r.ttft_p90_ms, r.ttft_p99_ms, r.e2e_p50_ms, r.e2e_p90_ms, r.e2e_p99_ms,
-            r.duration_s, r.requests_per_s, r.output_tokens_per_s, r.prompt_tokens, r.hit_tokens, r.hit_rate, r.oracle.hit_rate, r.hit_rate_vs_oracle, r.spread, r.front_cpu_s_per_1k
+            r.duration_s, r.requests_per_s, r.output_tokens_per_s, r.prompt_tokens, r.hit_tokens, r.hit_rate, r.oracle.hit_rate, r.hit_rate_vs_oracle, r.spread, r.front_cpu_s_per_1k,
+            csv(r.filter.route_us.map(|q| q.0)), csv(r.filter.route_us.map(|q| q.1)),
+            csv(r.filter.tokenize_us.map(|q| q.0)), csv(r.filter.tokenize_us.map(|q| q.1))
         );
     }
     std::fs::write(path, s)?;

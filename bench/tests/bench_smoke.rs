@@ -104,6 +104,18 @@ fn policy_bench_smoke() {
             "{what}"
         );
         assert!(r.ttft_p99_ms <= r.e2e_p99_ms, "{what}");
+        // the filter's own time, read from Envoy's histograms before it stopped
+        match r.policy {
+            "prefix" => assert!(
+                r.filter.route_us.is_some() && r.filter.tokenize_us.is_some(),
+                "{what}: {:?}",
+                r.filter
+            ),
+            "sglang-router cache_aware" => {
+                assert_eq!(r.filter, Default::default(), "{what}: no filter")
+            }
+            _ => {}
+        }
         assert!(
             r.requests_per_s > 0.0 && r.output_tokens_per_s > 0.0,
             "{what}"
