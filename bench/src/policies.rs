@@ -146,7 +146,7 @@ impl Running {
                     s.debug_headers = std::env::var_os("BENCH_DEBUG_HEADERS").is_some();
                     s.max_body_bytes = 8 * 1024 * 1024;
                     // the filter's histograms reach the admin only at a flush (filter_times)
-                    s.stats_flush_interval = Some("1s".into());
+                    s.stats_flush_interval = Some(super::overhead::FLUSH.into());
                     // plugin-config fields to try (`{"weights":{"imbalance_abs":16}}`)
                     if let Ok(v) = std::env::var("BENCH_PLUGIN_EXTRA") {
                         match serde_json::from_str(&v) {
