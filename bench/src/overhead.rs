@@ -257,7 +257,7 @@ pub fn run(
             run(&url_filter, connections, seconds)
         })?;
         // right after the saturated run, so Envoy's last stats interval is that load's
-        let stats = filter_stats(&filtered);
+        let times = FilterTimes::of(&filter_stats(&filtered), Span::Interval);
         let quiet = (seconds / 2).max(2);
         let unloaded_without_filter = run(&url_plain, 1, quiet)?;
         let unloaded_with_filter = run(&url_filter, 1, quiet)?;
@@ -292,8 +292,8 @@ pub fn run(
             added_p50_ms: with_filter.p50_ms - without_filter.p50_ms,
             added_p99_ms: with_filter.p99_ms - without_filter.p99_ms,
             rps_ratio: with_filter.requests_per_sec / without_filter.requests_per_sec.max(1e-9),
-            filter_route_us: FilterTimes::of(&stats, Span::Interval).route_us,
-            filter_tokenize_us: FilterTimes::of(&stats, Span::Interval).tokenize_us,
+            filter_route_us: times.route_us,
+            filter_tokenize_us: times.tokenize_us,
             without_filter,
             with_filter,
             direct,
@@ -327,8 +327,9 @@ pub fn run(
 /// as "n/a").
 pub const FLUSH: &str = "1s";
 
-/// The filter's histograms of its own time per request (route: parse, render, tokenize,
-/// hash, look up, choose; tokenize: render and tokenize), as Envoy's admin prints them.
+/// The filter's histograms of its own time per request, as Envoy's admin prints them: route
+/// (parse, render, tokenize, hash, look up, choose) and tokenize (render, tokenize and hash,
+/// with the owner lookups that decide how deep).
 pub fn filter_stats(envoy: &test_harness::cluster::Envoy) -> String {
     test_harness::cluster::client()
         .get(envoy.admin_url("/stats?filter=prefix_router_(route|tokenize)_us$"))
@@ -340,7 +341,7 @@ pub fn filter_stats(envoy: &test_harness::cluster::Envoy) -> String {
 /// Which of the two values Envoy prints per quantile of a histogram.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Span {
-    /// the last stats-flush interval (5 s): the load just before it was read
+    /// the last stats-flush interval ([`FLUSH`] here): the load just before it was read
     Interval,
     /// everything since Envoy started: a whole run on a fresh Envoy, however short
     Cumulative,
@@ -498,7 +499,7 @@ pub fn families(
         let url = envoy.url("/v1/completions");
         wrk::run(&url, &body, 2, 1, &dir)?;
         let with = wrk::run(&url, &body, 1, seconds, &dir)?;
-        let stats = filter_stats(&envoy);
+        let times = FilterTimes::of(&filter_stats(&envoy), Span::Interval);
         rows.push(FamilyRow {
             family: (*family).to_owned(),
             tokenizer_json_bytes: std::fs::metadata(model_dir.join("tokenizer.json"))
@@ -508,8 +509,8 @@ pub fn families(
             envoy_rss_mb: rss_mb(envoy.proc.pid()),
             envoy_rss_without_filter_mb: rss_mb(plain.proc.pid()),
             added_p50_unloaded_ms: with.p50_ms - without.p50_ms,
-            filter_route_us: FilterTimes::of(&stats, Span::Interval).route_us,
-            filter_tokenize_us: FilterTimes::of(&stats, Span::Interval).tokenize_us,
+            filter_route_us: times.route_us,
+            filter_tokenize_us: times.tokenize_us,
         });
         let _ = std::fs::copy(&envoy.proc.log, out.join(format!("envoy-{family}.log")));
     }

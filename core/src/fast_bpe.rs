@@ -69,12 +69,21 @@ const WORD_SEEN_SLOTS: usize = 4096;
 /// entry. Prompts decoded from random token ids (inference-perf's) glue pieces into words
 /// that never come back; kept on first sight they filled the map to its limit, and each
 /// lookup in the large map was a cache miss (measured with perf, natively).
-#[derive(Default)]
 struct Words {
     kept: FastMap<Box<str>, WordIds>,
-    seen_once: Vec<u64>,
+    seen_once: SeenOnce,
     /// the merge loop's buffers, reused word after word
     scratch: Scratch,
+}
+
+impl Default for Words {
+    fn default() -> Self {
+        Words {
+            kept: FastMap::default(),
+            seen_once: SeenOnce::new(WORD_SEEN_SLOTS),
+            scratch: Scratch::default(),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -84,14 +93,33 @@ struct Scratch {
     ranks: Vec<(u32, u32)>,
 }
 
-impl Words {
-    /// Notes a word not kept; true if it was the last word noted in its slot (seen before).
-    fn seen_before(&mut self, word: &str) -> bool {
-        if self.seen_once.is_empty() {
-            self.seen_once = vec![0; WORD_SEEN_SLOTS];
+/// Keys of things seen once, in a fixed table: a key goes to one slot, replacing whatever was
+/// there, so a stream of things that never repeat costs one store each, with no allocation
+/// and no rehashing. A cache keeps a thing from its second sighting on.
+struct SeenOnce {
+    slots: Box<[u64]>,
+}
+
+impl SeenOnce {
+    fn new(slots: usize) -> Self {
+        SeenOnce {
+            slots: vec![0; slots.max(1)].into_boxed_slice(),
         }
-        let key = xxhash_rust::xxh3::xxh3_64(word.as_bytes());
-        match self.seen_once.get_mut((key as usize) % WORD_SEEN_SLOTS) {
+    }
+
+    fn slot(&self, key: u64) -> usize {
+        (key as usize) % self.slots.len()
+    }
+
+    /// Whether `key` is the last key noted in its slot.
+    fn holds(&self, key: u64) -> bool {
+        self.slots.get(self.slot(key)) == Some(&key)
+    }
+
+    /// Notes `key`; true if it was already noted (seen before).
+    fn note(&mut self, key: u64) -> bool {
+        let at = self.slot(key);
+        match self.slots.get_mut(at) {
             Some(seen) if *seen == key => true,
             Some(seen) => {
                 *seen = key;
@@ -116,9 +144,7 @@ struct Memo {
     chunks: Recall,
 }
 
-/// Slots of [`Recall`]'s table of texts seen once (a text's key goes to one slot, replacing
-/// whatever was there): a fixed 64 KB, so a stream of texts that never repeat costs one store
-/// each, with no allocation and no rehashing.
+/// Slots of [`Recall`]'s table of texts seen once: a fixed 64 KB.
 const SEEN_SLOTS: usize = 8192;
 
 /// Texts (segments or chunks) and their ids, kept from their second sighting on: a text seen
@@ -127,7 +153,7 @@ const SEEN_SLOTS: usize = 8192;
 /// measured, 2k-token prompts whose words were shuffled per request).
 struct Recall {
     kept: FastMap<u64, (Box<str>, Box<[u32]>)>,
-    seen_once: Box<[u64]>,
+    seen_once: SeenOnce,
     bytes: usize,
 }
 
@@ -135,7 +161,7 @@ impl Default for Recall {
     fn default() -> Self {
         Recall {
             kept: FastMap::default(),
-            seen_once: vec![0; SEEN_SLOTS].into_boxed_slice(),
+            seen_once: SeenOnce::new(SEEN_SLOTS),
             bytes: 0,
         }
     }
@@ -187,19 +213,12 @@ impl Recall {
 
     /// Notes `key` as seen; true if it was not the last key noted in its slot.
     fn note(&mut self, key: u64) -> bool {
-        match self.seen_once.get_mut((key as usize) % SEEN_SLOTS) {
-            Some(seen) if *seen != key => {
-                *seen = key;
-                true
-            }
-            _ => false,
-        }
+        !self.seen_once.note(key)
     }
 
     /// Whether `text` was seen before (kept, or noted once).
     fn recognizes(&self, key: u64, text: &str) -> bool {
-        self.get(key, text).is_some()
-            || self.seen_once.get((key as usize) % SEEN_SLOTS) == Some(&key)
+        self.get(key, text).is_some() || self.seen_once.holds(key)
     }
 
     /// `text` was just encoded to `ids`: kept if it was seen before, within `budget` bytes
@@ -861,7 +880,10 @@ impl FastBpe {
             None => {
                 self.bpe(word, &mut cache.scratch);
                 out.extend_from_slice(&cache.scratch.ids);
-                if cache.seen_before(word) {
+                if cache
+                    .seen_once
+                    .note(xxhash_rust::xxh3::xxh3_64(word.as_bytes()))
+                {
                     let ids = match *cache.scratch.ids {
                         [id] => WordIds::One(id),
                         ref ids => WordIds::Many(ids.into()),
