@@ -880,10 +880,7 @@ impl FastBpe {
             None => {
                 self.bpe(word, &mut cache.scratch);
                 out.extend_from_slice(&cache.scratch.ids);
-                if cache
-                    .seen_once
-                    .note(xxhash_rust::xxh3::xxh3_64(word.as_bytes()))
-                {
+                if cache.seen_once.note(Recall::key(word)) {
                     let ids = match *cache.scratch.ids {
                         [id] => WordIds::One(id),
                         ref ids => WordIds::Many(ids.into()),
