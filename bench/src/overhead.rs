@@ -2,6 +2,8 @@
 //! beside the same load sent straight to the pod, through Envoy with the floor filter (a
 //! wasm filter that only reads the body: what any body-reading router in Envoy pays), and
 //! through sglang-router's `cache_aware` policy (the peer users compare the filter with).
+//! Each load is taken in rounds that visit every front in turn, so that this shared
+//! machine's slow spells fall on all of them alike.
 
 use super::peers::{self, Peer};
 use super::wrk::{self, LoadResult};
@@ -50,8 +52,8 @@ pub struct OverheadRow {
     pub added_p99_ms: f64,
     pub rps_ratio: f64,
     /// Time spent inside the filter per request under this load, from its own histograms
-    /// (Envoy's last 5 s stats-flush interval: with runs of 5 s or more, only this prompt
-    /// size; shorter runs may mix in the previous size's last requests): p50 / p99 in µs.
+    /// (Envoy's last stats-flush interval, [`FLUSH`], read right after the filter's last
+    /// saturated round): p50 / p99 in µs.
     pub filter_route_us: Option<(f64, f64)>,
     /// …of which parse + render + tokenize + hash.
     pub filter_tokenize_us: Option<(f64, f64)>,
@@ -86,18 +88,70 @@ pub fn cpu_seconds(pid: Option<u32>) -> Option<f64> {
     Some((ticks(11)? + ticks(12)?) / 100.0)
 }
 
-/// Runs `load` and returns its result with the CPU µs `pid` used per request meanwhile.
-fn with_cpu(
+/// Where Envoy alone and Envoy + filter sit among a case's fronts.
+const PLAIN: usize = 0;
+const FILTERED: usize = 1;
+
+/// Appends a front to measure and returns its index.
+fn push(fronts: &mut Vec<Measured>, url: String, pid: Option<u32>) -> usize {
+    fronts.push(Measured::new(url, pid));
+    fronts.len() - 1
+}
+
+/// One front's measurements for one case, as the rounds go.
+struct Measured {
+    url: String,
+    /// the proxy's process, whose CPU is counted (`None`: the pod itself)
     pid: Option<u32>,
-    load: impl FnOnce() -> anyhow::Result<LoadResult>,
-) -> anyhow::Result<(LoadResult, Option<f64>)> {
-    let before = cpu_seconds(pid);
-    let r = load()?;
-    let used = cpu_seconds(pid).zip(before).map(|(a, b)| a - b);
-    let per_request = used
-        .filter(|_| r.requests > 0)
-        .map(|s| s * 1e6 / r.requests as f64);
-    Ok((r, per_request))
+    rounds: Vec<LoadResult>,
+    /// CPU seconds the process used over the rounds (`None` once any reading failed)
+    cpu_s: Option<f64>,
+    unloaded: Option<LoadResult>,
+}
+
+impl Measured {
+    fn new(url: String, pid: Option<u32>) -> Self {
+        Measured {
+            url,
+            pid,
+            rounds: Vec::new(),
+            cpu_s: pid.map(|_| 0.0),
+            unloaded: None,
+        }
+    }
+
+    /// Runs one saturated round, counting the process's CPU meanwhile.
+    fn saturate(
+        &mut self,
+        load: impl FnOnce() -> anyhow::Result<LoadResult>,
+    ) -> anyhow::Result<()> {
+        let before = cpu_seconds(self.pid);
+        self.rounds.push(load()?);
+        let used = cpu_seconds(self.pid).zip(before).map(|(a, b)| a - b);
+        self.cpu_s = self.cpu_s.zip(used).map(|(sum, u)| sum + u);
+        Ok(())
+    }
+
+    /// Its rounds as one saturated load, its unloaded run, and its CPU per request (µs).
+    fn done(self) -> Option<FrontLoad> {
+        let saturated = LoadResult::merged(&self.rounds)?;
+        let cpu_us = self
+            .cpu_s
+            .filter(|_| saturated.requests > 0)
+            .map(|s| s * 1e6 / saturated.requests as f64);
+        Some(FrontLoad {
+            saturated,
+            unloaded: self.unloaded?,
+            cpu_us,
+        })
+    }
+}
+
+/// Saturated rounds per case for `seconds` of load per front: one per second up to five,
+/// then as many seconds each as divide evenly (wrk runs whole seconds).
+fn rounds_of(seconds: u32) -> (u32, u32) {
+    let rounds = seconds.clamp(1, 5);
+    (rounds, (seconds / rounds).max(1))
 }
 
 impl OverheadRow {
@@ -221,6 +275,7 @@ pub fn run(
         None
     };
     let mut rows = Vec::new();
+    let (rounds, round_s) = rounds_of(seconds);
     // sglang-router requires the model's name; the others take it as well
     let model = format!(
         "\"model\":\"{}\",",
@@ -246,43 +301,63 @@ pub fn run(
             ),
         };
         let run = |url: &str, c: u32, s: u32| wrk::run_script(url, &prelude, &body, c, s, &dir);
-        let url_plain = plain.url("/v1/completions");
-        let url_filter = filtered.url("/v1/completions");
-        // warm both paths
-        run(&url_plain, 2, 1)?;
-        run(&url_filter, 2, 1)?;
-        let (without_filter, cpu_us_without_filter) =
-            with_cpu(plain.proc.pid(), || run(&url_plain, connections, seconds))?;
-        let (with_filter, cpu_us_with_filter) = with_cpu(filtered.proc.pid(), || {
-            run(&url_filter, connections, seconds)
-        })?;
-        // right after the saturated run, so Envoy's last stats interval is that load's
-        let times = FilterTimes::of(&filter_stats(&filtered), Span::Interval);
-        let quiet = (seconds / 2).max(2);
-        let unloaded_without_filter = run(&url_plain, 1, quiet)?;
-        let unloaded_with_filter = run(&url_filter, 1, quiet)?;
-        // the other fronts, each warmed and measured the same way
-        let other = |url: String, pid: Option<u32>| -> anyhow::Result<FrontLoad> {
-            run(&url, 2, 1)?;
-            let (saturated, cpu_us) = with_cpu(pid, || run(&url, connections, seconds))?;
-            Ok(FrontLoad {
-                saturated,
-                unloaded: run(&url, 1, quiet)?,
-                cpu_us: pid.and(cpu_us),
-            })
-        };
-        let direct = match addrs.first() {
-            Some(a) if addrs.len() == 1 => Some(other(format!("http://{a}/v1/completions"), None)?),
+        // Every front of this case, in the order each round visits them.
+        let mut fronts = vec![
+            Measured::new(plain.url("/v1/completions"), plain.proc.pid()),
+            Measured::new(filtered.url("/v1/completions"), filtered.proc.pid()),
+        ];
+        let direct_at = match addrs.as_slice() {
+            [a] => Some(push(
+                &mut fronts,
+                format!("http://{a}/v1/completions"),
+                None,
+            )),
             _ => None,
         };
-        let floor = floor
+        let floor_at = floor
             .as_ref()
-            .map(|e| other(e.url("/v1/completions"), e.proc.pid()))
-            .transpose()?;
-        let sglang_cache_aware = sglang
+            .map(|e| push(&mut fronts, e.url("/v1/completions"), e.proc.pid()));
+        let sglang_at = sglang
             .as_ref()
-            .map(|r| other(r.url("/v1/completions"), r.proc.pid()))
-            .transpose()?;
+            .map(|r| push(&mut fronts, r.url("/v1/completions"), r.proc.pid()));
+        for f in &fronts {
+            run(&f.url, 2, 1)?; // warm every path
+        }
+        // Saturated, in rounds that visit every front in turn, so a slow minute on this shared
+        // machine lands on all of them rather than on whichever ran then.
+        let mut times = FilterTimes::default();
+        for round in 0..rounds {
+            for (i, f) in fronts.iter_mut().enumerate() {
+                let url = f.url.clone();
+                f.saturate(|| run(&url, connections, round_s))?;
+                if i == FILTERED && round + 1 == rounds {
+                    // right after its last round, so Envoy's last stats interval is this load's
+                    times = FilterTimes::of(&filter_stats(&filtered), Span::Interval);
+                }
+            }
+        }
+        // unloaded (one connection), in rounds the same way
+        let (quiet_rounds, quiet_s) = rounds_of((seconds / 2).max(2));
+        let mut unloaded: Vec<Vec<LoadResult>> = fronts.iter().map(|_| Vec::new()).collect();
+        for _ in 0..quiet_rounds {
+            for (f, runs) in fronts.iter().zip(&mut unloaded) {
+                runs.push(run(&f.url, 1, quiet_s)?);
+            }
+        }
+        for (f, runs) in fronts.iter_mut().zip(&unloaded) {
+            f.unloaded = LoadResult::merged(runs);
+        }
+        let mut loads: Vec<Option<FrontLoad>> = fronts.into_iter().map(Measured::done).collect();
+        let mut take = |at: Option<usize>| at.and_then(|i| loads.get_mut(i)?.take());
+        let (direct, floor, sglang_cache_aware) =
+            (take(direct_at), take(floor_at), take(sglang_at));
+        let (Some(without), Some(with)) = (take(Some(PLAIN)), take(Some(FILTERED))) else {
+            anyhow::bail!("no load measured through Envoy");
+        };
+        let (unloaded_without_filter, without_filter, cpu_us_without_filter) =
+            (without.unloaded, without.saturated, without.cpu_us);
+        let (unloaded_with_filter, with_filter, cpu_us_with_filter) =
+            (with.unloaded, with.saturated, with.cpu_us);
         rows.push(OverheadRow {
             prompt_tokens: *tokens,
             prompts: *prompts,
