@@ -103,10 +103,10 @@ struct Measured {
     url: String,
     /// the proxy's process, whose CPU is counted (`None`: the pod itself)
     pid: Option<u32>,
-    rounds: Vec<LoadResult>,
-    /// CPU seconds the process used over the rounds (`None` once any reading failed)
+    saturated: Vec<LoadResult>,
+    /// CPU seconds the process used over the saturated rounds (`None` once a reading failed)
     cpu_s: Option<f64>,
-    unloaded: Option<LoadResult>,
+    unloaded: Vec<LoadResult>,
 }
 
 impl Measured {
@@ -114,34 +114,34 @@ impl Measured {
         Measured {
             url,
             pid,
-            rounds: Vec::new(),
+            saturated: Vec::new(),
             cpu_s: pid.map(|_| 0.0),
-            unloaded: None,
+            unloaded: Vec::new(),
         }
     }
 
-    /// Runs one saturated round, counting the process's CPU meanwhile.
+    /// Runs one saturated round against its URL, counting the process's CPU meanwhile.
     fn saturate(
         &mut self,
-        load: impl FnOnce() -> anyhow::Result<LoadResult>,
+        load: impl FnOnce(&str) -> anyhow::Result<LoadResult>,
     ) -> anyhow::Result<()> {
         let before = cpu_seconds(self.pid);
-        self.rounds.push(load()?);
+        self.saturated.push(load(&self.url)?);
         let used = cpu_seconds(self.pid).zip(before).map(|(a, b)| a - b);
         self.cpu_s = self.cpu_s.zip(used).map(|(sum, u)| sum + u);
         Ok(())
     }
 
-    /// Its rounds as one saturated load, its unloaded run, and its CPU per request (µs).
+    /// Its rounds as one saturated and one unloaded load, and its CPU per request (µs).
     fn done(self) -> Option<FrontLoad> {
-        let saturated = LoadResult::merged(&self.rounds)?;
+        let saturated = LoadResult::merged(&self.saturated)?;
         let cpu_us = self
             .cpu_s
             .filter(|_| saturated.requests > 0)
             .map(|s| s * 1e6 / saturated.requests as f64);
         Some(FrontLoad {
             saturated,
-            unloaded: self.unloaded?,
+            unloaded: LoadResult::merged(&self.unloaded)?,
             cpu_us,
         })
     }
@@ -328,8 +328,7 @@ pub fn run(
         let mut times = FilterTimes::default();
         for round in 0..rounds {
             for (i, f) in fronts.iter_mut().enumerate() {
-                let url = f.url.clone();
-                f.saturate(|| run(&url, connections, round_s))?;
+                f.saturate(|url| run(url, connections, round_s))?;
                 if i == FILTERED && round + 1 == rounds {
                     // right after its last round, so Envoy's last stats interval is this load's
                     times = FilterTimes::of(&filter_stats(&filtered), Span::Interval);
@@ -338,14 +337,11 @@ pub fn run(
         }
         // unloaded (one connection), in rounds the same way
         let (quiet_rounds, quiet_s) = rounds_of((seconds / 2).max(2));
-        let mut unloaded: Vec<Vec<LoadResult>> = fronts.iter().map(|_| Vec::new()).collect();
         for _ in 0..quiet_rounds {
-            for (f, runs) in fronts.iter().zip(&mut unloaded) {
-                runs.push(run(&f.url, 1, quiet_s)?);
+            for f in &mut fronts {
+                let r = run(&f.url, 1, quiet_s)?;
+                f.unloaded.push(r);
             }
-        }
-        for (f, runs) in fronts.iter_mut().zip(&unloaded) {
-            f.unloaded = LoadResult::merged(runs);
         }
         let mut loads: Vec<Option<FrontLoad>> = fronts.into_iter().map(Measured::done).collect();
         let mut take = |at: Option<usize>| at.and_then(|i| loads.get_mut(i)?.take());
