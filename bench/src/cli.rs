@@ -36,6 +36,47 @@ enum Which {
     All,
 }
 
+/// One load of the filter-overhead benchmark.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum OverheadCase {
+    /// 128-token prompts unique by a leading counter
+    #[value(name = "unique-128")]
+    Unique128,
+    /// 2k-token prompts unique by a leading counter (the goals' case)
+    #[value(name = "unique-2k")]
+    Unique2k,
+    /// 8k-token prompts unique by a leading counter
+    #[value(name = "unique-8k")]
+    Unique8k,
+    /// the same 2k-token prompt every time
+    #[value(name = "same-2k")]
+    Same2k,
+    /// 2k-token prompts of words shuffled per request
+    #[value(name = "shuffled-2k")]
+    Shuffled2k,
+}
+
+impl OverheadCase {
+    const ALL: [OverheadCase; 5] = [
+        OverheadCase::Unique128,
+        OverheadCase::Unique2k,
+        OverheadCase::Unique8k,
+        OverheadCase::Same2k,
+        OverheadCase::Shuffled2k,
+    ];
+
+    /// (prompt tokens, how requests differ)
+    fn load(self) -> (usize, Prompts) {
+        match self {
+            OverheadCase::Unique128 => (128, Prompts::Counter),
+            OverheadCase::Unique2k => (2048, Prompts::Counter),
+            OverheadCase::Unique8k => (8000, Prompts::Counter),
+            OverheadCase::Same2k => (2048, Prompts::Same),
+            OverheadCase::Shuffled2k => (2048, Prompts::Shuffled),
+        }
+    }
+}
+
 #[derive(Parser)]
 #[command(about)]
 struct Args {
@@ -79,6 +120,11 @@ struct Args {
     /// Only these workloads (default: all four).
     #[arg(long, value_enum, value_delimiter = ',')]
     workloads: Vec<Workload>,
+    /// Only these filter-overhead loads (default: all five, then the tokenizer families;
+    /// naming loads skips the families), e.g. `--overhead-cases unique-2k` to compare builds
+    /// of the filter quickly with `PREFIX_ROUTER_WASM`.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    overhead_cases: Vec<OverheadCase>,
     /// Seconds of load per wrk measurement (cache/filter benchmarks).
     #[arg(long, default_value_t = 10)]
     seconds: u32,
@@ -267,14 +313,15 @@ pub fn main() -> anyhow::Result<()> {
             a.seconds
         };
         println!("== filter overhead: Envoy (--concurrency 2) with vs without the filter, {} zero-cost pod(s), unique prompts, {seconds} s each", a.overhead_pods);
-        let text_2k = micro::text_of(&bundle, 2048)?;
-        let cases = vec![
-            (128, micro::text_of(&bundle, 128)?, Prompts::Counter),
-            (2048, text_2k.clone(), Prompts::Counter),
-            (8000, micro::text_of(&bundle, 8000)?, Prompts::Counter),
-            (2048, text_2k.clone(), Prompts::Same),
-            (2048, text_2k, Prompts::Shuffled),
-        ];
+        let chosen = match a.overhead_cases.as_slice() {
+            [] => &OverheadCase::ALL[..],
+            some => some,
+        };
+        let mut cases = Vec::with_capacity(chosen.len());
+        for case in chosen {
+            let (tokens, prompts) = case.load();
+            cases.push((tokens, micro::text_of(&bundle, tokens)?, prompts));
+        }
         let (rows, vm) = overhead::run(&cases, a.overhead_pods, seconds, a.connections, &a.out)?;
         let label = |r: &overhead::OverheadRow| format!("{}{}", r.prompt_tokens, r.prompts.label());
         println!("   saturated ({} connections):", a.connections);
@@ -390,15 +437,20 @@ pub fn main() -> anyhow::Result<()> {
             "   filter VMs: {} (start times {:?} ms); Envoy RSS {:.0} MB with vs {:.0} MB without → {:.1} MB per VM",
             vm.vm_start_ms.len(), vm.vm_start_ms, vm.envoy_rss_with_filter_mb, vm.envoy_rss_without_filter_mb, vm.mb_per_vm
         );
-        println!("   tokenizer families, fetched at start from files Envoy serves (one unloaded connection, unique ~2k-word prompts, {seconds} s each):");
-        println!("   family                 tokenizer.json  per VM fetch / build (ms)   Envoy RSS (MB, plain {:.0})  added p50   route p50/p99 µs  tokenize p50/p99 µs", vm.envoy_rss_without_filter_mb);
         let data = prefix_core::protocol::defaults::data_dir(&test_harness::paths::repo_root());
         let families = [
             ("SmolLM2-135M", model_server::config::default_model_dir()),
             ("Llama-3.2", data.join("tokenizers/llama-3.2")),
             ("Qwen2.5", data.join("tokenizers/qwen2.5")),
         ];
-        let fams = overhead::families(&families, &micro::text_of(&bundle, 2048)?, seconds, &a.out)?;
+        // loads named on the command line: a quick comparison, without the families
+        let fams = if a.overhead_cases.is_empty() {
+            println!("   tokenizer families, fetched at start from files Envoy serves (one unloaded connection, unique ~2k-word prompts, {seconds} s each):");
+            println!("   family                 tokenizer.json  per VM fetch / build (ms)   Envoy RSS (MB, plain {:.0})  added p50   route p50/p99 µs  tokenize p50/p99 µs", vm.envoy_rss_without_filter_mb);
+            overhead::families(&families, &micro::text_of(&bundle, 2048)?, seconds, &a.out)?
+        } else {
+            Vec::new()
+        };
         for f in &fams {
             println!(
                 "   {:<22} {:>8.1} MB     {:<27} {:>6.0}                      {:+.2} ms   {:>16}  {:>19}",
@@ -554,4 +606,23 @@ fn llama_cpp_beside(
         verdict(decode >= 1.0)
     );
     Ok(l)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overhead_cases_are_named_on_the_command_line() {
+        let a = Args::try_parse_from(["bench", "filter", "--overhead-cases", "unique-2k,same-2k"])
+            .unwrap();
+        let loads: Vec<_> = a.overhead_cases.iter().map(|c| c.load()).collect();
+        assert_eq!(loads, [(2048, Prompts::Counter), (2048, Prompts::Same)]);
+        let all = Args::try_parse_from(["bench", "filter"]).unwrap();
+        assert!(
+            all.overhead_cases.is_empty(),
+            "none named: all five, and the families"
+        );
+        assert!(Args::try_parse_from(["bench", "--overhead-cases", "unique-3k"]).is_err());
+    }
 }
