@@ -18,6 +18,7 @@ use crate::policies::{
 use crate::trace::{TraceParams, Workload};
 use crate::{engine, faults, micro, overhead, plots, report, server, write_json};
 use clap::{Parser, ValueEnum};
+use std::collections::btree_map::Entry;
 use std::path::PathBuf;
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -317,10 +318,16 @@ pub fn main() -> anyhow::Result<()> {
             [] => &OverheadCase::ALL[..],
             some => some,
         };
+        // one text per prompt size, shared by the loads of that size and the families
+        let mut texts = std::collections::BTreeMap::new();
         let mut cases = Vec::with_capacity(chosen.len());
         for case in chosen {
             let (tokens, prompts) = case.load();
-            cases.push((tokens, micro::text_of(&bundle, tokens)?, prompts));
+            let text = match texts.entry(tokens) {
+                Entry::Occupied(e) => e.into_mut(),
+                Entry::Vacant(e) => e.insert(micro::text_of(&bundle, tokens)?),
+            };
+            cases.push((tokens, text.clone(), prompts));
         }
         let (rows, vm) = overhead::run(&cases, a.overhead_pods, seconds, a.connections, &a.out)?;
         let label = |r: &overhead::OverheadRow| format!("{}{}", r.prompt_tokens, r.prompts.label());
@@ -447,7 +454,11 @@ pub fn main() -> anyhow::Result<()> {
         let fams = if a.overhead_cases.is_empty() {
             println!("   tokenizer families, fetched at start from files Envoy serves (one unloaded connection, unique ~2k-word prompts, {seconds} s each):");
             println!("   family                 tokenizer.json  per VM fetch / build (ms)   Envoy RSS (MB, plain {:.0})  added p50   route p50/p99 µs  tokenize p50/p99 µs", vm.envoy_rss_without_filter_mb);
-            overhead::families(&families, &micro::text_of(&bundle, 2048)?, seconds, &a.out)?
+            let text_2k = match texts.get(&2048) {
+                Some(t) => t.clone(),
+                None => micro::text_of(&bundle, 2048)?,
+            };
+            overhead::families(&families, &text_2k, seconds, &a.out)?
         } else {
             Vec::new()
         };
