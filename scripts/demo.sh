@@ -44,15 +44,32 @@ trap 'exit 130' INT TERM
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'; }
 fail() { echo "DEMO FAILED: $*" >&2; exit 1; }
-wait_http() { # url, what
-  for _ in $(seq 1 300); do curl -sf -o /dev/null "$1" && return 0; sleep 0.1; done
-  fail "$2 did not become ready ($1); see $RUN"
+ready_or_gone() { # url pid → 0 once url answers; 1 if pid exits first or 30 s pass
+  for _ in $(seq 1 300); do
+    curl -sf -m 2 -o /dev/null "$1" && return 0
+    kill -0 "$2" 2>/dev/null || return 1
+    sleep 0.1
+  done
+  return 1
+}
+# A port free_port picks is free when picked, not when bound: anything on the machine (an
+# outgoing connection's ephemeral port, another run) can take it in between, and the pods'
+# start leaves seconds for that. So ports are picked right before their process starts, and a
+# process that lost its port is started again on a fresh one (up to 3 times). Ports set by
+# the caller are used as given.
+lost_port() { grep -qiE 'address already in use|cannot bind|couldn.t bind' "$1"; }
+started() { # what url pid log pinned → 0 ready, 1 lost its port (retry), else fails the demo
+  ready_or_gone "$2" "$3" && return 0
+  kill "$3" 2>/dev/null || true
+  if [ -z "$5" ] && lost_port "$4"; then echo "($1 lost its port to another process; again on a fresh one)"; return 1; fi
+  fail "$1 did not become ready ($2); see $4"
 }
 
-read -r -a POD_PORTS <<<"${POD_PORTS:-$(free_port) $(free_port) $(free_port)}"
-ENVOY_PORT=${ENVOY_PORT:-$(free_port)}
-ADMIN_PORT=${ADMIN_PORT:-$(free_port)}
-PROM_PORT=${PROM_PORT:-$(free_port)}
+read -r -a POD_PORTS <<<"${POD_PORTS:-}"
+PODS_PINNED=${POD_PORTS[*]:+1}
+ENVOY_GIVEN=${ENVOY_PORT:-} ADMIN_GIVEN=${ADMIN_PORT:-}
+ENVOY_PINNED=$ENVOY_GIVEN$ADMIN_GIVEN
+PROM_PINNED=${PROM_PORT:+1}
 MODEL=SmolLM2-135M-Instruct
 ENGINE=${ENGINE:-candle}
 case "$ENGINE" in sim|candle) ;; *) echo "ENGINE must be sim or candle" >&2; exit 2 ;; esac
@@ -83,6 +100,7 @@ start_pod() { # index address
       --engine "$ENGINE" >"$RUN/pod-$1.log" 2>&1 &
   fi
   PIDS+=($!)
+  POD_PIDS[$1]=$!
 }
 count_tokens() { # prompt → its token count, as the pods count them
   if [ "$BACKEND" = llama-cpp ]; then
@@ -92,23 +110,35 @@ count_tokens() { # prompt → its token count, as the pods count them
   fi
 }
 PODS=()
-for i in "${!POD_PORTS[@]}"; do
-  PODS+=("127.0.0.1:${POD_PORTS[$i]}")
+POD_PIDS=()
+for i in 0 1 2; do
+  PODS+=("127.0.0.1:${POD_PORTS[$i]:-$(free_port)}")
   start_pod "$i" "${PODS[$i]}"
 done
-for i in "${!PODS[@]}"; do wait_http "http://${PODS[$i]}/health" "pod-$i"; done
+for i in "${!PODS[@]}"; do
+  for attempt in 1 2 3; do
+    started "pod-$i" "http://${PODS[$i]}/health" "${POD_PIDS[$i]}" "$RUN/pod-$i.log" "$PODS_PINNED" && break
+    [ "$attempt" = 3 ] && fail "pod-$i lost its port three times; see $RUN"
+    PODS[$i]="127.0.0.1:$(free_port)"
+    start_pod "$i" "${PODS[$i]}"
+  done
+done
 if [ "$BACKEND" = llama-cpp ]; then what="llama.cpp llama-server"; else what="model-server, engine $ENGINE"; fi
 echo "pods:       $(for i in "${!PODS[@]}"; do printf 'pod-%s=%s ' "$i" "${PODS[$i]}"; done)($what)"
 
 # --- Envoy with the filter ----------------------------------------------------------------------
-"$ROOT/target/debug/render-envoy-config" --pods "$(IFS=,; echo "${PODS[*]}")" \
-  --listen-port "$ENVOY_PORT" --admin-port "$ADMIN_PORT" --debug-headers -o "$RUN/envoy.yaml"
-"$ROOT/.venv/bin/envoy" --mode validate --disable-hot-restart -c "$RUN/envoy.yaml" >"$RUN/envoy-validate.log" 2>&1 \
-  || fail "envoy config did not validate; see $RUN/envoy-validate.log"
-"$ROOT/.venv/bin/envoy" -c "$RUN/envoy.yaml" --concurrency 2 --disable-hot-restart \
-  --log-level warn --component-log-level wasm:info >"$RUN/envoy.log" 2>&1 &
-PIDS+=($!)
-wait_http "http://127.0.0.1:$ADMIN_PORT/ready" envoy
+for attempt in 1 2 3; do
+  ENVOY_PORT=${ENVOY_GIVEN:-$(free_port)} ADMIN_PORT=${ADMIN_GIVEN:-$(free_port)}
+  "$ROOT/target/debug/render-envoy-config" --pods "$(IFS=,; echo "${PODS[*]}")" \
+    --listen-port "$ENVOY_PORT" --admin-port "$ADMIN_PORT" --debug-headers -o "$RUN/envoy.yaml"
+  [ "$attempt" -gt 1 ] || "$ROOT/.venv/bin/envoy" --mode validate --disable-hot-restart -c "$RUN/envoy.yaml" \
+    >"$RUN/envoy-validate.log" 2>&1 || fail "envoy config did not validate; see $RUN/envoy-validate.log"
+  "$ROOT/.venv/bin/envoy" -c "$RUN/envoy.yaml" --concurrency 2 --disable-hot-restart \
+    --log-level warn --component-log-level wasm:info >"$RUN/envoy.log" 2>&1 &
+  PIDS+=($!)
+  started envoy "http://127.0.0.1:$ADMIN_PORT/ready" "$!" "$RUN/envoy.log" "$ENVOY_PINNED" && break
+  [ "$attempt" = 3 ] && fail "envoy lost its port three times; see $RUN"
+done
 echo "envoy:      listener 127.0.0.1:$ENVOY_PORT, admin 127.0.0.1:$ADMIN_PORT"
 
 # --- Prometheus -----------------------------------------------------------------------------------
@@ -128,10 +158,14 @@ scrape_configs:
   static_configs:
   - targets: ['127.0.0.1:$ADMIN_PORT']
 YAML
-prometheus --config.file="$RUN/prometheus.yml" --storage.tsdb.path="$RUN/prometheus-data" \
-  --web.listen-address="127.0.0.1:$PROM_PORT" --log.level=warn >"$RUN/prometheus.log" 2>&1 &
-PIDS+=($!)
-wait_http "http://127.0.0.1:$PROM_PORT/-/ready" prometheus
+for attempt in 1 2 3; do
+  [ -n "$PROM_PINNED" ] || PROM_PORT=$(free_port)
+  prometheus --config.file="$RUN/prometheus.yml" --storage.tsdb.path="$RUN/prometheus-data" \
+    --web.listen-address="127.0.0.1:$PROM_PORT" --log.level=warn >"$RUN/prometheus.log" 2>&1 &
+  PIDS+=($!)
+  started prometheus "http://127.0.0.1:$PROM_PORT/-/ready" "$!" "$RUN/prometheus.log" "$PROM_PINNED" && break
+  [ "$attempt" = 3 ] && fail "prometheus lost its port three times; see $RUN"
+done
 echo "prometheus: http://127.0.0.1:$PROM_PORT"
 
 promql() { curl -s --get "http://127.0.0.1:$PROM_PORT/api/v1/query" --data-urlencode "query=$1"; }
