@@ -2,7 +2,7 @@
 
 use crate::envoy_config::{render, EnvoySettings};
 use crate::paths;
-use crate::process::{free_port, wait_until, Proc};
+use crate::process::{free_port, on_fresh_ports, wait_until, Proc};
 use anyhow::{bail, Context};
 use reqwest::blocking::Client;
 use std::path::{Path, PathBuf};
@@ -96,25 +96,28 @@ pub fn start_pods_of(
         }
     }
     let http = client();
-    // distinct ports: none is bound until the pods start, so the OS could hand one out twice
-    let mut ports: Vec<u16> = Vec::with_capacity(n);
-    for _ in 0..n * 10 {
-        if ports.len() == n {
-            break;
+    on_fresh_ports("pods", || {
+        // distinct ports: none is bound until the pods start, so the OS could hand one out
+        // twice
+        let mut ports: Vec<u16> = Vec::with_capacity(n);
+        for _ in 0..n * 10 {
+            if ports.len() == n {
+                break;
+            }
+            let p = free_port()?;
+            if !ports.contains(&p) {
+                ports.push(p);
+            }
         }
-        let p = free_port()?;
-        if !ports.contains(&p) {
-            ports.push(p);
+        if ports.len() < n {
+            bail!("could not find {n} distinct free ports");
         }
-    }
-    if ports.len() < n {
-        bail!("could not find {n} distinct free ports");
-    }
-    let mut starting = Vec::with_capacity(n);
-    for (i, port) in ports.into_iter().enumerate() {
-        starting.push(spawn_pod(kind, &format!("pod-{i}"), port, extra_args, dir)?);
-    }
-    starting.into_iter().map(|pod| pod.ready(&http)).collect()
+        let mut starting = Vec::with_capacity(n);
+        for (i, port) in ports.into_iter().enumerate() {
+            starting.push(spawn_pod(kind, &format!("pod-{i}"), port, extra_args, dir)?);
+        }
+        starting.into_iter().map(|pod| pod.ready(&http)).collect()
+    })
 }
 
 /// Starts one pod on `port` (used again to restart a pod on the same address).
@@ -233,35 +236,44 @@ fn launch_envoy(
     tweak(&mut settings);
     std::fs::create_dir_all(dir)?;
     let config_path = dir.join(format!("{name}.yaml"));
-    std::fs::write(
-        &config_path,
-        render(&settings, &paths::envoy_template_dir())?,
-    )?;
-    if validate {
-        validate_config(&config_path)?;
-    }
-    let mut cmd = Command::new(paths::envoy_bin());
-    cmd.arg("-c").arg(&config_path).args([
-        "--concurrency",
-        "2",
-        "--disable-hot-restart",
-        "--log-level",
-        "warn",
-        "--component-log-level",
-        "wasm:info",
-    ]);
-    let mut proc = Proc::spawn(name, cmd, dir)?;
-    let http = client();
-    let ready = format!("http://127.0.0.1:{}/ready", settings.admin_port);
-    wait_until(name, &mut proc, Duration::from_secs(60), || {
-        healthy(&http, &ready)
-    })?;
-    Ok(Envoy {
-        listen_port: settings.listen_port,
-        admin_port: settings.admin_port,
-        config_path,
-        proc,
-        polls: wasm && settings.poll_interval_ms > 0,
+    let mut first = true;
+    on_fresh_ports(name, || {
+        let again = !std::mem::take(&mut first);
+        if again {
+            settings.listen_port = free_port()?;
+            settings.admin_port = free_port()?;
+        }
+        std::fs::write(
+            &config_path,
+            render(&settings, &paths::envoy_template_dir())?,
+        )?;
+        // validated once: a retry differs only in its ports
+        if validate && !again {
+            validate_config(&config_path)?;
+        }
+        let mut cmd = Command::new(paths::envoy_bin());
+        cmd.arg("-c").arg(&config_path).args([
+            "--concurrency",
+            "2",
+            "--disable-hot-restart",
+            "--log-level",
+            "warn",
+            "--component-log-level",
+            "wasm:info",
+        ]);
+        let mut proc = Proc::spawn(name, cmd, dir)?;
+        let http = client();
+        let ready = format!("http://127.0.0.1:{}/ready", settings.admin_port);
+        wait_until(name, &mut proc, Duration::from_secs(60), || {
+            healthy(&http, &ready)
+        })?;
+        Ok(Envoy {
+            listen_port: settings.listen_port,
+            admin_port: settings.admin_port,
+            config_path: config_path.clone(),
+            proc,
+            polls: wasm && settings.poll_interval_ms > 0,
+        })
     })
 }
 

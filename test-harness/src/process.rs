@@ -84,9 +84,42 @@ impl Drop for Proc {
     }
 }
 
-/// A currently free port on 127.0.0.1.
+/// A currently free port on 127.0.0.1: free when picked, not promised until bound (see
+/// [`on_fresh_ports`]).
 pub fn free_port() -> anyhow::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// How many times [`on_fresh_ports`] starts something.
+const PORT_ATTEMPTS: usize = 3;
+
+/// Runs `start`, which picks its ports with [`free_port`] and starts processes on them, again
+/// (up to [`PORT_ATTEMPTS`] times in all) when it fails because another process took a port
+/// between the pick and the bind. That window is seconds for Envoy, which compiles the filter
+/// before it binds its listener, and the tests run side by side opening connections whose
+/// ephemeral ports come from the same range; a lost port once failed a fresh CI run (the
+/// demo's, which now retries the same way). Any other failure is returned as it is.
+pub fn on_fresh_ports<T>(
+    what: &str,
+    mut start: impl FnMut() -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    let mut attempt = 1;
+    loop {
+        match start() {
+            Err(e) if attempt < PORT_ATTEMPTS && lost_port(&format!("{e:#}")) => {
+                eprintln!("{what} lost a port to another process; starting it on fresh ones");
+                attempt += 1;
+            }
+            done => return done,
+        }
+    }
+}
+
+/// Whether a start failed on a port another process holds, by what the servers this
+/// harness starts log then (Envoy, Prometheus, the model server; llama.cpp's own words).
+fn lost_port(error: &str) -> bool {
+    let error = error.to_ascii_lowercase();
+    error.contains("address already in use") || error.contains("couldn't bind")
 }
 
 /// Polls `check` every 20 ms until it returns true, the process dies, or `timeout` passes.
@@ -114,5 +147,42 @@ pub fn wait_until(
             );
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lost_port_is_tried_again_on_fresh_ones_and_nothing_else_is() {
+        let mut tries = 0;
+        let r = on_fresh_ports("envoy", || {
+            tries += 1;
+            if tries < PORT_ATTEMPTS {
+                bail!("envoy: process exited; log:\ncannot bind '127.0.0.1:48033': Address already in use");
+            }
+            Ok(tries)
+        });
+        assert_eq!(r.unwrap(), PORT_ATTEMPTS);
+
+        let mut tries = 0;
+        let r: anyhow::Result<()> = on_fresh_ports("prometheus", || {
+            tries += 1;
+            bail!("listen tcp 127.0.0.1:9090: bind: address already in use")
+        });
+        assert!(r.is_err());
+        assert_eq!(
+            tries, PORT_ATTEMPTS,
+            "gives up after {PORT_ATTEMPTS} starts"
+        );
+
+        let mut tries = 0;
+        let r: anyhow::Result<()> = on_fresh_ports("pod", || {
+            tries += 1;
+            bail!("pod: not ready after 60s")
+        });
+        assert!(r.is_err());
+        assert_eq!(tries, 1, "any other failure is not retried");
     }
 }

@@ -2,7 +2,7 @@
 
 use crate::cluster::client;
 use crate::paths;
-use crate::process::{free_port, wait_until, Proc};
+use crate::process::{free_port, on_fresh_ports, wait_until, Proc};
 use anyhow::{bail, Context};
 use reqwest::blocking::Client;
 use serde_json::{json, Value};
@@ -71,24 +71,26 @@ impl Prometheus {
         std::fs::create_dir_all(dir)?;
         let cfg = dir.join("prometheus.yml");
         std::fs::write(&cfg, config_yaml(pods, envoy_admin, rules))?;
-        let port = free_port()?;
-        let mut cmd = Command::new(bin);
-        cmd.arg(format!("--config.file={}", cfg.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.join("prometheus-data").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .arg("--log.level=warn");
-        let mut proc = Proc::spawn("prometheus", cmd, dir)?;
-        let http = client();
-        let ready = format!("http://127.0.0.1:{port}/-/ready");
-        wait_until("prometheus", &mut proc, Duration::from_secs(60), || {
-            http.get(&ready)
-                .send()
-                .is_ok_and(|r| r.status().is_success())
-        })?;
-        Ok(Prometheus { port, proc, http })
+        on_fresh_ports("prometheus", || {
+            let port = free_port()?;
+            let mut cmd = Command::new(&bin);
+            cmd.arg(format!("--config.file={}", cfg.display()))
+                .arg(format!(
+                    "--storage.tsdb.path={}",
+                    dir.join("prometheus-data").display()
+                ))
+                .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+                .arg("--log.level=warn");
+            let mut proc = Proc::spawn("prometheus", cmd, dir)?;
+            let http = client();
+            let ready = format!("http://127.0.0.1:{port}/-/ready");
+            wait_until("prometheus", &mut proc, Duration::from_secs(60), || {
+                http.get(&ready)
+                    .send()
+                    .is_ok_and(|r| r.status().is_success())
+            })?;
+            Ok(Prometheus { port, proc, http })
+        })
     }
 
     /// An instant query through the HTTP API.

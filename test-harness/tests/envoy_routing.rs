@@ -155,6 +155,20 @@ fn without_debug_headers_a_new_prompt_is_hashed_one_block_deep_and_repeats_still
 }
 
 #[test]
+fn envoy_that_lost_its_port_is_started_again_on_a_fresh_one() {
+    // another process holds the port Envoy is first given, as one that took it between the
+    // harness's pick and Envoy's bind would (the filter's compile makes that window seconds)
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let f = Fleet::start("lost-port", 1, &ZERO_COST, |s| s.listen_port = port)
+        .expect("started again on a fresh port");
+    assert_ne!(f.envoy.listen_port, port);
+    let body = json!({"prompt": "Hello there", "max_tokens": 2});
+    let a = f.send("/v1/completions", &body, &[]);
+    assert_eq!(a.status, 200, "{}", a.body);
+}
+
+#[test]
 fn different_prompts_spread_without_reuse() {
     let f = fleet("spread");
     let mut per_pod: BTreeMap<String, usize> = BTreeMap::new();
