@@ -88,18 +88,24 @@ pub fn cpu_seconds(pid: Option<u32>) -> Option<f64> {
     Some((ticks(11)? + ticks(12)?) / 100.0)
 }
 
-/// Where Envoy alone and Envoy + filter sit among a case's fronts.
-const PLAIN: usize = 0;
-const FILTERED: usize = 1;
-
-/// Appends a front to measure and returns its index.
-fn push(fronts: &mut Vec<Measured>, url: String, pid: Option<u32>) -> usize {
-    fronts.push(Measured::new(url, pid));
-    fronts.len() - 1
+/// What a front is, in the order each round visits them.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Front {
+    /// Envoy alone (the same config without the filter)
+    Plain,
+    /// Envoy + the filter
+    Filtered,
+    /// the pod itself, without a proxy (one pod only)
+    Direct,
+    /// Envoy + the floor filter (reads the body, routes nowhere)
+    Floor,
+    /// sglang-router cache_aware
+    Sglang,
 }
 
 /// One front's measurements for one case, as the rounds go.
 struct Measured {
+    front: Front,
     url: String,
     /// the proxy's process, whose CPU is counted (`None`: the pod itself)
     pid: Option<u32>,
@@ -110,8 +116,9 @@ struct Measured {
 }
 
 impl Measured {
-    fn new(url: String, pid: Option<u32>) -> Self {
+    fn new(front: Front, url: String, pid: Option<u32>) -> Self {
         Measured {
+            front,
             url,
             pid,
             saturated: Vec::new(),
@@ -302,24 +309,37 @@ pub fn run(
         };
         let run = |url: &str, c: u32, s: u32| wrk::run_script(url, &prelude, &body, c, s, &dir);
         // Every front of this case, in the order each round visits them.
-        let mut fronts = vec![
-            Measured::new(plain.url("/v1/completions"), plain.proc.pid()),
-            Measured::new(filtered.url("/v1/completions"), filtered.proc.pid()),
-        ];
-        let direct_at = match addrs.as_slice() {
-            [a] => Some(push(
-                &mut fronts,
-                format!("http://{a}/v1/completions"),
+        let path = "/v1/completions";
+        let direct = match addrs.as_slice() {
+            [a] => Some(Measured::new(
+                Front::Direct,
+                format!("http://{a}{path}"),
                 None,
             )),
             _ => None,
         };
-        let floor_at = floor
-            .as_ref()
-            .map(|e| push(&mut fronts, e.url("/v1/completions"), e.proc.pid()));
-        let sglang_at = sglang
-            .as_ref()
-            .map(|r| push(&mut fronts, r.url("/v1/completions"), r.proc.pid()));
+        let mut fronts: Vec<Measured> = [
+            Some(Measured::new(
+                Front::Plain,
+                plain.url(path),
+                plain.proc.pid(),
+            )),
+            Some(Measured::new(
+                Front::Filtered,
+                filtered.url(path),
+                filtered.proc.pid(),
+            )),
+            direct,
+            floor
+                .as_ref()
+                .map(|e| Measured::new(Front::Floor, e.url(path), e.proc.pid())),
+            sglang
+                .as_ref()
+                .map(|r| Measured::new(Front::Sglang, r.url(path), r.proc.pid())),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
         for f in &fronts {
             run(&f.url, 2, 1)?; // warm every path
         }
@@ -327,9 +347,9 @@ pub fn run(
         // machine lands on all of them rather than on whichever ran then.
         let mut times = FilterTimes::default();
         for round in 0..rounds {
-            for (i, f) in fronts.iter_mut().enumerate() {
+            for f in &mut fronts {
                 f.saturate(|url| run(url, connections, round_s))?;
-                if i == FILTERED && round + 1 == rounds {
+                if f.front == Front::Filtered && round + 1 == rounds {
                     // right after its last round, so Envoy's last stats interval is this load's
                     times = FilterTimes::of(&filter_stats(&filtered), Span::Interval);
                 }
@@ -343,11 +363,17 @@ pub fn run(
                 f.unloaded.push(r);
             }
         }
-        let mut loads: Vec<Option<FrontLoad>> = fronts.into_iter().map(Measured::done).collect();
-        let mut take = |at: Option<usize>| at.and_then(|i| loads.get_mut(i)?.take());
+        let mut loads: Vec<(Front, Option<FrontLoad>)> =
+            fronts.into_iter().map(|m| (m.front, m.done())).collect();
+        let mut take = |front: Front| {
+            loads
+                .iter_mut()
+                .find(|(f, _)| *f == front)
+                .and_then(|(_, load)| load.take())
+        };
         let (direct, floor, sglang_cache_aware) =
-            (take(direct_at), take(floor_at), take(sglang_at));
-        let (Some(without), Some(with)) = (take(Some(PLAIN)), take(Some(FILTERED))) else {
+            (take(Front::Direct), take(Front::Floor), take(Front::Sglang));
+        let (Some(without), Some(with)) = (take(Front::Plain), take(Front::Filtered)) else {
             anyhow::bail!("no load measured through Envoy");
         };
         let (unloaded_without_filter, without_filter, cpu_us_without_filter) =
