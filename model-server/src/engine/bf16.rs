@@ -97,6 +97,16 @@ impl Bf16Matrix {
     /// # Errors
     /// When `x` is not whole rows of this matrix's width, or the CPU lacks AVX-512 BF16.
     pub fn multiply(&self, x: &[f32]) -> Result<Vec<f32>> {
+        #[cfg(target_arch = "x86_64")]
+        let tiles = super::amx::available();
+        #[cfg(not(target_arch = "x86_64"))]
+        let tiles = false;
+        self.multiply_by(x, tiles)
+    }
+
+    /// [`Self::multiply`] through AMX tiles (`tiles`, where the width is whole tile steps) or
+    /// the AVX-512 kernel; a process uses one throughout (tests compare both).
+    fn multiply_by(&self, x: &[f32], tiles: bool) -> Result<Vec<f32>> {
         if !available() {
             candle_core::bail!("this CPU has no AVX-512 BF16");
         }
@@ -117,10 +127,22 @@ impl Bf16Matrix {
         let panels = self.pairs.len() / per_panel.max(1);
         // panel-major first (each task's strip contiguous), then rows
         let mut strips = vec![0f32; panels * rows * PANEL];
+        #[cfg(target_arch = "x86_64")]
+        let tiles = tiles && half.is_multiple_of(super::amx::STEP);
         strips
             .par_chunks_mut(rows * PANEL)
             .zip(self.pairs.par_chunks(per_panel))
             .for_each(|(strip, w)| {
+                if tiles {
+                    // SAFETY: AMX is there (`multiply`'s check, or a test's) and `half` is whole
+                    // tile steps (checked above);
+                    // `w` is one panel, `strip` a row of PANEL floats per row of `xb`
+                    #[cfg(target_arch = "x86_64")]
+                    unsafe {
+                        super::amx::panel(w, &xb, half, strip)
+                    };
+                    return;
+                }
                 for (x, o) in xb
                     .chunks(ROWS_AT_ONCE * half)
                     .zip(strip.chunks_mut(ROWS_AT_ONCE * PANEL))
@@ -331,12 +353,22 @@ mod tests {
         let w = values(out * width, 0);
         let m = Bf16Matrix::new(&w, width).unwrap();
         let round = |v: f32| from_bf16(bf16_bits(v)) as f64;
-        for rows in [1, 3, 8, 9, 20] {
+        // both kernels where the CPU has AMX; rows that are not whole groups of 8 or 16
+        #[cfg(target_arch = "x86_64")]
+        let kernels = [false, super::super::amx::available()];
+        #[cfg(not(target_arch = "x86_64"))]
+        let kernels = [false, false];
+        for (tiles, rows) in kernels
+            .into_iter()
+            .flat_map(|t| [1, 3, 8, 9, 16, 20, 33].map(|r| (t, r)))
+        {
             let x = values(rows * width, rows);
-            let y = m.multiply(&x).unwrap();
+            let y = m.multiply_by(&x, tiles).unwrap();
             assert_eq!(y.len(), rows * out);
             for r in 0..rows {
-                let alone = m.multiply(&x[r * width..(r + 1) * width]).unwrap();
+                let alone = m
+                    .multiply_by(&x[r * width..(r + 1) * width], tiles)
+                    .unwrap();
                 assert_eq!(&y[r * out..(r + 1) * out], &alone[..], "row {r} of {rows}");
                 for c in 0..out {
                     let want: f64 = (0..width)
@@ -345,7 +377,7 @@ mod tests {
                     let got = y[r * out + c] as f64;
                     assert!(
                         (got - want).abs() < 1e-4,
-                        "{rows} rows, [{r}, {c}]: {got} vs {want}"
+                        "{rows} rows (tiles: {tiles}), [{r}, {c}]: {got} vs {want}"
                     );
                 }
             }

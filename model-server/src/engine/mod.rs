@@ -1,6 +1,8 @@
 //! Inference engines behind one trait, so the HTTP layer, the scheduler and the prefix cache
 //! are shared by the simulated engine and real ones.
 
+#[cfg(target_arch = "x86_64")]
+pub mod amx;
 pub mod attention;
 pub mod batcher;
 pub mod bf16;

@@ -1,0 +1,151 @@
+//! The prefill's bf16 panels multiplied with AMX tiles where the CPU has them (Intel Sapphire
+//! Rapids and later; checked at run time, and Linux must grant the process the tile state).
+//!
+//! Why: a prefill chunk is bound by arithmetic ([`super::bf16`]), and one `tdpbf16ps`
+//! multiplies a 16 × 32 block of activations by a 32 × 16 block of weights (8,192
+//! multiply-adds) where `vdpbf16ps` does 32. The panels need no other layout: a panel's pairs
+//! are already the tile's rows (sixteen output features' pair of one input pair per 64 bytes),
+//! so a weight tile is 16 of a panel's pair rows read with the panel's row stride.
+//!
+//! Each output is still computed from its own row only, the same way for every row: rows are
+//! taken sixteen at a time, a last group padded with zero rows, so a row's result never depends
+//! on the rows computed with it (a prompt prefilled in one chunk or several, after a cache hit,
+//! gets the same numbers). The sums are the same exact products as the AVX-512 kernel's, added
+//! in the tile unit's order, so results differ from that kernel's by f32 rounding; a process
+//! uses one kernel or the other throughout.
+
+use super::bf16::PANEL;
+use std::arch::asm;
+
+/// Input pairs per tile step (a tile row is 64 bytes: 16 pairs).
+pub const STEP: usize = 16;
+
+/// Activation rows per tile.
+pub const ROWS: usize = 16;
+
+/// Whether this CPU has AMX with bf16 and this process may use its tile state (asked of
+/// Linux once).
+pub fn available() -> bool {
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(|| {
+        // CPUID leaf 7: EDX bit 22 AMX-BF16, bit 24 AMX-TILE
+        let edx = std::arch::x86_64::__cpuid_count(7, 0).edx;
+        edx & (1 << 22) != 0 && edx & (1 << 24) != 0 && request_tile_state()
+    })
+}
+
+/// Asks Linux for the tile data state (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`);
+/// without it the first tile instruction faults.
+fn request_tile_state() -> bool {
+    const SYS_ARCH_PRCTL: i64 = 158;
+    const ARCH_REQ_XCOMP_PERM: i64 = 0x1023;
+    const XFEATURE_XTILEDATA: i64 = 18;
+    let ret: i64;
+    // SAFETY: a plain system call with integer arguments; it touches no memory of ours
+    unsafe {
+        asm!(
+            "syscall",
+            inlateout("rax") SYS_ARCH_PRCTL => ret,
+            in("rdi") ARCH_REQ_XCOMP_PERM,
+            in("rsi") XFEATURE_XTILEDATA,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    ret == 0
+}
+
+/// The tile shapes: tmm0 and tmm1 the outputs (16 rows × 16 floats), tmm2 the activations
+/// (16 rows × 16 pairs), tmm3 and tmm4 the weights (16 pair rows × 16 outputs' pairs).
+#[repr(C, align(64))]
+struct Config {
+    palette: u8,
+    start_row: u8,
+    reserved: [u8; 14],
+    colsb: [u16; 16],
+    rows: [u8; 16],
+}
+
+const CONFIG: Config = {
+    let mut colsb = [0u16; 16];
+    let mut rows = [0u8; 16];
+    let mut t = 0;
+    while t < 5 {
+        colsb[t] = 64;
+        rows[t] = 16;
+        t += 1;
+    }
+    Config {
+        palette: 1,
+        start_row: 0,
+        reserved: [0; 14],
+        colsb,
+        rows,
+    }
+};
+
+/// One panel `w` (`half` pairs × [`PANEL`]) times `x` (rows of `half` pairs, any number) into
+/// `o` (`PANEL` floats per row).
+///
+/// # Safety
+/// [`available`] must be true; `half` a multiple of [`STEP`]; `w` at least `half × PANEL`
+/// pairs, `o` at least `PANEL` floats per row of `x`.
+pub unsafe fn panel(w: &[u32], x: &[u32], half: usize, o: &mut [f32]) {
+    let rows = x.len() / half.max(1);
+    let mut padded_x: Vec<u32> = Vec::new();
+    let mut padded_o = [0f32; ROWS * PANEL];
+    // SAFETY: the configuration is valid for palette 1; each tile load reads 16 rows of 64
+    // bytes at the given stride: activations `x[(r0 + i) * half + p ..][..16]` (a whole group
+    // of 16 rows, or the zero-padded copy), weights `w[(p + i) * PANEL + h * 16 ..][..16]` for
+    // `p + i < half`; the stores write 16 rows of 16 floats at `o[(r0 + i) * PANEL + h * 16]`
+    // (or the padded copy): inside the lengths the caller promised
+    unsafe {
+        asm!("ldtilecfg [{}]", in(reg) &CONFIG, options(nostack, readonly));
+        for r0 in (0..rows).step_by(ROWS) {
+            let n = ROWS.min(rows - r0);
+            let xs: &[u32] = if n == ROWS {
+                &x[r0 * half..(r0 + ROWS) * half]
+            } else {
+                padded_x.clear();
+                padded_x.extend_from_slice(&x[r0 * half..(r0 + n) * half]);
+                padded_x.resize(ROWS * half, 0);
+                &padded_x
+            };
+            asm!("tilezero tmm0", "tilezero tmm1", options(nostack, nomem));
+            let x_stride = half * 4;
+            for p in (0..half).step_by(STEP) {
+                let a = xs.as_ptr().add(p);
+                let b = w.as_ptr().add(p * PANEL);
+                asm!(
+                    "tileloadd tmm2, [{a} + {xs}*1]",
+                    "tileloadd tmm3, [{b} + {ws}*1]",
+                    "tileloadd tmm4, [{b} + {ws}*1 + 64]",
+                    "tdpbf16ps tmm0, tmm2, tmm3",
+                    "tdpbf16ps tmm1, tmm2, tmm4",
+                    a = in(reg) a,
+                    b = in(reg) b,
+                    xs = in(reg) x_stride,
+                    ws = in(reg) PANEL * 4,
+                    options(nostack, readonly),
+                );
+            }
+            let dst = if n == ROWS {
+                o.as_mut_ptr().add(r0 * PANEL)
+            } else {
+                padded_o.as_mut_ptr()
+            };
+            asm!(
+                "tilestored [{d} + {s}*1], tmm0",
+                "tilestored [{d} + {s}*1 + 64], tmm1",
+                d = in(reg) dst,
+                s = in(reg) PANEL * 4,
+                options(nostack),
+            );
+            if n < ROWS {
+                o[r0 * PANEL..(r0 + n) * PANEL].copy_from_slice(&padded_o[..n * PANEL]);
+            }
+        }
+        asm!("tilerelease", options(nostack, nomem));
+    }
+}
