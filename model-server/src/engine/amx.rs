@@ -8,8 +8,8 @@
 //! so a weight tile is 16 of a panel's pair rows read with the panel's row stride.
 //!
 //! Each output is still computed from its own row only, the same way for every row: rows are
-//! taken sixteen at a time, a last group padded with zero rows, so a row's result never depends
-//! on the rows computed with it (a prompt prefilled in one chunk or several, after a cache hit,
+//! taken sixteen at a time (the caller pads a last group with zero rows), so a row's result
+//! never depends on the rows computed with it (a prompt prefilled in one chunk or several, after a cache hit,
 //! gets the same numbers). The sums are the same exact products as the AVX-512 kernel's, added
 //! in the tile unit's order, so results differ from that kernel's by f32 rounding; a process
 //! uses one kernel or the other throughout.
@@ -85,37 +85,28 @@ const CONFIG: Config = {
     }
 };
 
-/// One panel `w` (`half` pairs × [`PANEL`]) times `x` (rows of `half` pairs, any number) into
-/// `o` (`PANEL` floats per row).
+/// One panel `w` (`half` pairs × [`PANEL`]) times the rows of `x` (`half` pairs each) into
+/// `o` (`PANEL` floats per row), [`ROWS`] rows at a time (rows past the last whole group are
+/// left alone: the caller pads).
 ///
 /// # Safety
 /// [`available`] must be true; `half` a multiple of [`STEP`]; `w` at least `half × PANEL`
 /// pairs, `o` at least `PANEL` floats per row of `x`.
 pub unsafe fn panel(w: &[u32], x: &[u32], half: usize, o: &mut [f32]) {
-    let rows = x.len() / half.max(1);
-    let mut padded_x: Vec<u32> = Vec::new();
-    let mut padded_o = [0f32; ROWS * PANEL];
+    let groups = x.len() / half.max(1) / ROWS;
     // SAFETY: the configuration is valid for palette 1; each tile load reads 16 rows of 64
-    // bytes at the given stride: activations `x[(r0 + i) * half + p ..][..16]` (a whole group
-    // of 16 rows, or the zero-padded copy), weights `w[(p + i) * PANEL + h * 16 ..][..16]` for
-    // `p + i < half`; the stores write 16 rows of 16 floats at `o[(r0 + i) * PANEL + h * 16]`
-    // (or the padded copy): inside the lengths the caller promised
+    // bytes at the given stride: activations `x[(r0 + i) * half + p ..][..16]` for rows of
+    // whole groups, weights `w[(p + i) * PANEL + h * 16 ..][..16]` for `p + i < half`; the
+    // stores write 16 rows of 16 floats at `o[(r0 + i) * PANEL + h * 16]`: inside the lengths
+    // the caller promised
     unsafe {
         asm!("ldtilecfg [{}]", in(reg) &CONFIG, options(nostack, readonly));
-        for r0 in (0..rows).step_by(ROWS) {
-            let n = ROWS.min(rows - r0);
-            let xs: &[u32] = if n == ROWS {
-                &x[r0 * half..(r0 + ROWS) * half]
-            } else {
-                padded_x.clear();
-                padded_x.extend_from_slice(&x[r0 * half..(r0 + n) * half]);
-                padded_x.resize(ROWS * half, 0);
-                &padded_x
-            };
+        for r0 in (0..groups * ROWS).step_by(ROWS) {
+            let xs = x.as_ptr().add(r0 * half);
             asm!("tilezero tmm0", "tilezero tmm1", options(nostack, nomem));
             let x_stride = half * 4;
             for p in (0..half).step_by(STEP) {
-                let a = xs.as_ptr().add(p);
+                let a = xs.add(p);
                 let b = w.as_ptr().add(p * PANEL);
                 asm!(
                     "tileloadd tmm2, [{a} + {xs}*1]",
@@ -130,21 +121,13 @@ pub unsafe fn panel(w: &[u32], x: &[u32], half: usize, o: &mut [f32]) {
                     options(nostack, readonly),
                 );
             }
-            let dst = if n == ROWS {
-                o.as_mut_ptr().add(r0 * PANEL)
-            } else {
-                padded_o.as_mut_ptr()
-            };
             asm!(
                 "tilestored [{d} + {s}*1], tmm0",
                 "tilestored [{d} + {s}*1 + 64], tmm1",
-                d = in(reg) dst,
+                d = in(reg) o.as_mut_ptr().add(r0 * PANEL),
                 s = in(reg) PANEL * 4,
                 options(nostack),
             );
-            if n < ROWS {
-                o[r0 * PANEL..(r0 + n) * PANEL].copy_from_slice(&padded_o[..n * PANEL]);
-            }
         }
         asm!("tilerelease", options(nostack, nomem));
     }

@@ -120,23 +120,33 @@ impl Bf16Matrix {
         let half = self.width / 2;
         // SAFETY: the CPU has AVX-512F and BF16 (checked above)
         #[cfg(target_arch = "x86_64")]
-        let xb = unsafe { avx512::to_pairs(x) };
+        let mut xb = unsafe { avx512::to_pairs(x) };
         #[cfg(not(target_arch = "x86_64"))]
-        let xb: Vec<u32> = x.chunks_exact(2).map(|v| pair(v[0], v[1])).collect();
+        let mut xb: Vec<u32> = x.chunks_exact(2).map(|v| pair(v[0], v[1])).collect();
+        // tiles take whole groups of rows: zero rows pad the last one (their outputs are not
+        // copied out), once for all panels
+        #[cfg(target_arch = "x86_64")]
+        let tile_rows =
+            (tiles && half.is_multiple_of(super::amx::STEP)).then_some(super::amx::ROWS);
+        #[cfg(not(target_arch = "x86_64"))]
+        let tile_rows: Option<usize> = {
+            let _ = tiles; // no tiles on other architectures
+            None
+        };
+        let computed = tile_rows.map_or(rows, |g| rows.next_multiple_of(g));
+        xb.resize(computed * half, 0);
         let per_panel = half * PANEL;
         let panels = self.pairs.len() / per_panel.max(1);
         // panel-major first (each task's strip contiguous), then rows
-        let mut strips = vec![0f32; panels * rows * PANEL];
-        #[cfg(target_arch = "x86_64")]
-        let tiles = tiles && half.is_multiple_of(super::amx::STEP);
+        let mut strips = vec![0f32; panels * computed * PANEL];
         strips
-            .par_chunks_mut(rows * PANEL)
+            .par_chunks_mut(computed * PANEL)
             .zip(self.pairs.par_chunks(per_panel))
             .for_each(|(strip, w)| {
-                if tiles {
-                    // SAFETY: AMX is there (`multiply`'s check, or a test's) and `half` is whole
-                    // tile steps (checked above);
-                    // `w` is one panel, `strip` a row of PANEL floats per row of `xb`
+                if tile_rows.is_some() {
+                    // SAFETY: AMX is there (`multiply`'s check, or a test's), `half` is whole
+                    // tile steps and `xb` whole groups of rows (both above); `w` is one panel
+                    // and `strip` holds PANEL floats per row of `xb`
                     #[cfg(target_arch = "x86_64")]
                     unsafe {
                         super::amx::panel(w, &xb, half, strip)
@@ -151,10 +161,10 @@ impl Bf16Matrix {
                 }
             });
         let mut y = vec![0f32; rows * self.out];
-        for (panel, strip) in strips.chunks(rows * PANEL).enumerate() {
+        for (panel, strip) in strips.chunks(computed * PANEL).enumerate() {
             let first = panel * PANEL;
             let cols = PANEL.min(self.out - first);
-            for (r, s) in strip.chunks(PANEL).enumerate() {
+            for (r, s) in strip.chunks(PANEL).take(rows).enumerate() {
                 y[r * self.out + first..r * self.out + first + cols].copy_from_slice(&s[..cols]);
             }
         }
