@@ -64,6 +64,15 @@ started() { # what url pid log pinned → 0 ready, 1 lost its port (retry), else
   if [ -z "$5" ] && lost_port "$4"; then echo "($1 lost its port to another process; again on a fresh one)"; return 1; fi
   fail "$1 did not become ready ($2); see $4"
 }
+start_ready() { # what pinned start-function [args]: the function picks its ports (unless
+  # pinned), starts one process and sets URL (its readiness), PID and LOG; run until that
+  # process is ready, again on fresh ports while it loses one
+  for _ in 1 2 3; do
+    "${@:3}"
+    started "$1" "$URL" "$PID" "$LOG" "$2" && return 0
+  done
+  fail "$1 lost its port three times; see $RUN"
+}
 
 read -r -a POD_PORTS <<<"${POD_PORTS:-}"
 PODS_PINNED=${POD_PORTS[*]:+1}
@@ -115,30 +124,32 @@ for i in 0 1 2; do
   PODS+=("127.0.0.1:${POD_PORTS[$i]:-$(free_port)}")
   start_pod "$i" "${PODS[$i]}"
 done
-for i in "${!PODS[@]}"; do
-  for attempt in 1 2 3; do
-    started "pod-$i" "http://${PODS[$i]}/health" "${POD_PIDS[$i]}" "$RUN/pod-$i.log" "$PODS_PINNED" && break
-    [ "$attempt" = 3 ] && fail "pod-$i lost its port three times; see $RUN"
-    PODS[$i]="127.0.0.1:$(free_port)"
-    start_pod "$i" "${PODS[$i]}"
-  done
+pod_again() { # index: on a fresh port
+  PODS[$1]="127.0.0.1:$(free_port)"
+  start_pod "$1" "${PODS[$1]}"
+  URL="http://${PODS[$1]}/health" PID=${POD_PIDS[$1]} LOG="$RUN/pod-$1.log"
+}
+for i in "${!PODS[@]}"; do # started together, then waited for one by one
+  started "pod-$i" "http://${PODS[$i]}/health" "${POD_PIDS[$i]}" "$RUN/pod-$i.log" "$PODS_PINNED" ||
+    start_ready "pod-$i" "" pod_again "$i"
 done
 if [ "$BACKEND" = llama-cpp ]; then what="llama.cpp llama-server"; else what="model-server, engine $ENGINE"; fi
 echo "pods:       $(for i in "${!PODS[@]}"; do printf 'pod-%s=%s ' "$i" "${PODS[$i]}"; done)($what)"
 
 # --- Envoy with the filter ----------------------------------------------------------------------
-for attempt in 1 2 3; do
+start_envoy() {
   ENVOY_PORT=${ENVOY_GIVEN:-$(free_port)} ADMIN_PORT=${ADMIN_GIVEN:-$(free_port)}
   "$ROOT/target/debug/render-envoy-config" --pods "$(IFS=,; echo "${PODS[*]}")" \
     --listen-port "$ENVOY_PORT" --admin-port "$ADMIN_PORT" --debug-headers -o "$RUN/envoy.yaml"
-  [ "$attempt" -gt 1 ] || "$ROOT/.venv/bin/envoy" --mode validate --disable-hot-restart -c "$RUN/envoy.yaml" \
-    >"$RUN/envoy-validate.log" 2>&1 || fail "envoy config did not validate; see $RUN/envoy-validate.log"
+  # validated once: a start again differs only in its ports
+  [ -e "$RUN/envoy-validate.log" ] || "$ROOT/.venv/bin/envoy" --mode validate --disable-hot-restart \
+    -c "$RUN/envoy.yaml" >"$RUN/envoy-validate.log" 2>&1 || fail "envoy config did not validate; see $RUN/envoy-validate.log"
   "$ROOT/.venv/bin/envoy" -c "$RUN/envoy.yaml" --concurrency 2 --disable-hot-restart \
     --log-level warn --component-log-level wasm:info >"$RUN/envoy.log" 2>&1 &
-  PIDS+=($!)
-  started envoy "http://127.0.0.1:$ADMIN_PORT/ready" "$!" "$RUN/envoy.log" "$ENVOY_PINNED" && break
-  [ "$attempt" = 3 ] && fail "envoy lost its port three times; see $RUN"
-done
+  PID=$! URL="http://127.0.0.1:$ADMIN_PORT/ready" LOG="$RUN/envoy.log"
+  PIDS+=("$PID")
+}
+start_ready envoy "$ENVOY_PINNED" start_envoy
 echo "envoy:      listener 127.0.0.1:$ENVOY_PORT, admin 127.0.0.1:$ADMIN_PORT"
 
 # --- Prometheus -----------------------------------------------------------------------------------
@@ -158,14 +169,14 @@ scrape_configs:
   static_configs:
   - targets: ['127.0.0.1:$ADMIN_PORT']
 YAML
-for attempt in 1 2 3; do
+start_prometheus() {
   [ -n "$PROM_PINNED" ] || PROM_PORT=$(free_port)
   prometheus --config.file="$RUN/prometheus.yml" --storage.tsdb.path="$RUN/prometheus-data" \
     --web.listen-address="127.0.0.1:$PROM_PORT" --log.level=warn >"$RUN/prometheus.log" 2>&1 &
-  PIDS+=($!)
-  started prometheus "http://127.0.0.1:$PROM_PORT/-/ready" "$!" "$RUN/prometheus.log" "$PROM_PINNED" && break
-  [ "$attempt" = 3 ] && fail "prometheus lost its port three times; see $RUN"
-done
+  PID=$! URL="http://127.0.0.1:$PROM_PORT/-/ready" LOG="$RUN/prometheus.log"
+  PIDS+=("$PID")
+}
+start_ready prometheus "$PROM_PINNED" start_prometheus
 echo "prometheus: http://127.0.0.1:$PROM_PORT"
 
 promql() { curl -s --get "http://127.0.0.1:$PROM_PORT/api/v1/query" --data-urlencode "query=$1"; }
