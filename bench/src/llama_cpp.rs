@@ -27,8 +27,8 @@ struct Timings {
 }
 
 /// Starts one `llama-server` with both cores and measures it: `prompts` prefilled cold (no
-/// prompt cache), 64 tokens decoded after `decode_prompt`, and `warm_prompt` cold, then sent
-/// again with its prompt cached.
+/// prompt cache), [`crate::engine::DECODE_STEPS`] tokens decoded after `decode_prompt`, and
+/// `warm_prompt` cold, then sent again with its prompt cached.
 pub fn run(
     prompts: &[&[u32]],
     decode_prompt: &[u32],
@@ -67,7 +67,7 @@ pub fn run(
         tokens += t.prompt_n;
         ms += t.prompt_ms;
     }
-    let d = send(decode_prompt, 64, false)?;
+    let d = send(decode_prompt, crate::engine::DECODE_STEPS as u32, false)?;
     let cold6 = send(warm_prompt, 1, false)?;
     send(warm_prompt, 1, true)?; // seeds the slot's cache
     let warm6 = send(warm_prompt, 1, true)?;
