@@ -13,6 +13,10 @@
 //! exact integer sum times the scales. Prefill multiplies other copies ([`super::bf16`]):
 //! a chunk's many rows make its matmuls compute-bound, and there these kernels' per-block
 //! scaling is slower than plain floating point.
+//!
+//! CPUs with AVX-512 VNNI multiply the same activations by another layout of the same
+//! blocks, sixteen output features at a time ([`super::interleaved`]); these row-by-row
+//! kernels (AVX2, or the scalar definition) are for the others.
 
 use candle_core::Result;
 use rayon::prelude::*;
@@ -62,15 +66,6 @@ impl Rows {
         Rows { width, q, d }
     }
 
-    /// Each block's scale × the sum of its values (what a block contributes per unit of
-    /// a constant it is multiplied by).
-    pub(super) fn block_sums(&self) -> impl Iterator<Item = f32> + '_ {
-        self.q
-            .chunks(BLOCK)
-            .zip(&self.d)
-            .map(|(q, d)| d * q.iter().map(|&v| v as i32).sum::<i32>() as f32)
-    }
-
     /// Row `r`'s values and scales.
     pub(super) fn row(&self, r: usize) -> (&[i8], &[f32]) {
         let per_row = self.width / BLOCK;
@@ -93,25 +88,26 @@ pub struct ActRow<'a> {
     pub q: &'a [i8],
     pub d: &'a [f32],
     pub s: &'a [f32],
-    /// Per pair of blocks `a, b`, the scales a 16-lane kernel multiplies its lanes by:
-    /// `d[a]` ×8, `d[b]` ×8 (empty when a row is not whole pairs, or the CPU has no 16-lane
-    /// kernels).
-    pub wide: &'a [f32],
-    /// The values plus 128, unsigned, for kernels whose instruction multiplies unsigned by
-    /// signed bytes (empty, as `wide`).
-    pub unsigned: &'a [u8],
+    /// Each block's integer sum (Σ values, without the scale).
+    pub sum: &'a [i32],
 }
 
-/// Floats of [`ActRow::wide`] per pair of blocks.
-pub const WIDE: usize = 16;
+impl ActRow<'_> {
+    /// Whether this row holds `blocks` blocks: values, scales and sums.
+    pub fn whole(&self, blocks: usize) -> bool {
+        self.q.len() >= blocks * BLOCK
+            && self.d.len() >= blocks
+            && self.s.len() >= blocks
+            && self.sum.len() >= blocks
+    }
+}
 
 /// A batch's activation rows (`rows × width`, row-major) in 8 bits, ready to multiply.
 pub struct Act {
     rows: usize,
     x: Rows,
     s: Vec<f32>,
-    wide: Vec<f32>,
-    unsigned: Vec<u8>,
+    sum: Vec<i32>,
 }
 
 impl Act {
@@ -124,23 +120,16 @@ impl Act {
             );
         }
         let x = Rows::encode(values, width);
-        let s: Vec<f32> = x.block_sums().collect();
-        // only the 16-lane kernels read these
-        let (wide, unsigned) = if width.is_multiple_of(2 * BLOCK) && sixteen_lanes() {
-            let wide =
-                x.d.chunks(2)
-                    .flat_map(|d| [d[0]; 8].into_iter().chain([d[1]; 8]))
-                    .collect();
-            (wide, x.q.iter().map(|&v| (v as u8) ^ 0x80).collect())
-        } else {
-            (Vec::new(), Vec::new())
-        };
+        let sum: Vec<i32> =
+            x.q.chunks(BLOCK)
+                .map(|q| q.iter().map(|&v| v as i32).sum())
+                .collect();
+        let s = sum.iter().zip(&x.d).map(|(&n, d)| d * n as f32).collect();
         Ok(Act {
             rows: values.len() / width,
             x,
             s,
-            wide,
-            unsigned,
+            sum,
         })
     }
 
@@ -155,23 +144,13 @@ impl Act {
     pub(super) fn row(&self, r: usize) -> ActRow<'_> {
         let (q, d) = self.x.row(r);
         let per_row = self.x.width / BLOCK;
-        let (width, wide) = (self.x.width, per_row / 2 * WIDE);
         ActRow {
             q,
             d,
             s: &self.s[r * per_row..(r + 1) * per_row],
-            wide: self.wide.get(r * wide..(r + 1) * wide).unwrap_or(&[]),
-            unsigned: self.unsigned.get(r * width..(r + 1) * width).unwrap_or(&[]),
+            sum: &self.sum[r * per_row..(r + 1) * per_row],
         }
     }
-}
-
-/// Whether the 16-lane kernels run on this CPU (see [`RowKernel::dot`]).
-fn sixteen_lanes() -> bool {
-    #[cfg(target_feature = "avx2")]
-    return super::simd::avx512_vnni();
-    #[cfg(not(target_feature = "avx2"))]
-    false
 }
 
 /// A weight matrix `[out, in]` in some block encoding, as [`multiply`] reads it.
@@ -192,9 +171,8 @@ pub trait BlockMatrix: Sync {
 /// whatever the group's size, so that a sequence's numbers do not depend on what it is
 /// batched with.
 pub trait RowKernel {
-    /// Whether this row's blocks and every activation row's are there to read (for a 16-lane
-    /// kernel, whole pairs of blocks with their wide lanes too).
-    fn readable(&self, xs: &[ActRow<'_>], wide: bool) -> bool;
+    /// Whether this row's blocks and every activation row's are there to read.
+    fn readable(&self, xs: &[ActRow<'_>]) -> bool;
 
     /// One activation row's dot product, block by block: the definition the SIMD kernels are
     /// tested against, and the kernel of builds without AVX2.
@@ -203,22 +181,10 @@ pub trait RowKernel {
     #[cfg(target_feature = "avx2")]
     fn dot_avx2<const R: usize>(&self, xs: &[ActRow<'_>; R]) -> [f32; R];
 
-    /// # Safety
-    /// The CPU must have AVX-512F, BW and VNNI, and `self.readable(xs, true)`.
-    #[cfg(target_feature = "avx2")]
-    unsafe fn dot_avx512<const R: usize>(&self, xs: &[ActRow<'_>; R]) -> [f32; R];
-
     /// The products through the best kernel this CPU runs (one choice per process).
     fn dot<const R: usize>(&self, xs: &[ActRow<'_>; R]) -> [f32; R] {
         #[cfg(target_feature = "avx2")]
-        {
-            if super::simd::avx512_vnni() && self.readable(xs, true) {
-                // SAFETY: the CPU has the features and the rows are whole (checked above)
-                unsafe { self.dot_avx512(xs) }
-            } else {
-                self.dot_avx2(xs)
-            }
-        }
+        return self.dot_avx2(xs);
         #[cfg(not(target_feature = "avx2"))]
         std::array::from_fn(|r| self.dot_scalar(xs[r]))
     }
@@ -305,7 +271,7 @@ pub(super) mod tests {
     }
 
     /// `w` (`out × width` f32, row-major) times `x`'s rows, in f64.
-    fn reference(w: &[f32], x: &[f32], width: usize) -> Vec<f32> {
+    pub fn reference(w: &[f32], x: &[f32], width: usize) -> Vec<f32> {
         x.chunks(width)
             .flat_map(|xr| {
                 w.chunks(width).map(move |wr| {

@@ -18,6 +18,7 @@ use rayon::prelude::*;
 use super::attention;
 use super::blocks::{multiply, Act, BlockMatrix};
 use super::exp::silu_mul;
+use super::interleaved::{self, Interleaved};
 use super::llama::{with_slice, Kv};
 use super::q4::Q4Matrix;
 use super::q8::Q8Matrix;
@@ -27,6 +28,8 @@ use super::q8::Q8Matrix;
 pub enum DecodeMatrix {
     Q4(Q4Matrix),
     Q8(Q8Matrix),
+    /// Either, sixteen features at a time, where the CPU has AVX-512 VNNI.
+    Interleaved(Interleaved),
 }
 
 impl DecodeMatrix {
@@ -45,6 +48,14 @@ impl DecodeMatrix {
         let Some(width) = width else {
             candle_core::bail!("no matrix to stack");
         };
+        if interleaved::kernel_available() {
+            return Ok(DecodeMatrix::Interleaved(
+                match Interleaved::four_bits(&values, width) {
+                    Some(m) => m,
+                    None => Interleaved::eight_bits(&values, width)?,
+                },
+            ));
+        }
         Ok(match Q4Matrix::exact(&values, width) {
             Some(q4) => DecodeMatrix::Q4(q4),
             None => DecodeMatrix::Q8(Q8Matrix::new(&values, width)?),
@@ -56,6 +67,7 @@ impl DecodeMatrix {
         match self {
             DecodeMatrix::Q4(_) => 4,
             DecodeMatrix::Q8(_) => 8,
+            DecodeMatrix::Interleaved(m) => m.bits(),
         }
     }
 
@@ -63,6 +75,7 @@ impl DecodeMatrix {
         match self {
             DecodeMatrix::Q4(m) => m.out(),
             DecodeMatrix::Q8(m) => m.out(),
+            DecodeMatrix::Interleaved(m) => m.out(),
         }
     }
 
@@ -72,6 +85,7 @@ impl DecodeMatrix {
         match self {
             DecodeMatrix::Q4(m) => multiply(m, x, &mut out)?,
             DecodeMatrix::Q8(m) => multiply(m, x, &mut out)?,
+            DecodeMatrix::Interleaved(m) => m.multiply(x, &mut out)?,
         }
         Ok(out)
     }

@@ -10,6 +10,7 @@ pub mod blocks;
 pub mod candle_engine;
 pub mod decode;
 pub mod exp;
+pub mod interleaved;
 pub mod llama;
 pub mod q4;
 pub mod q8;

@@ -15,7 +15,7 @@
 //! integer sum of unsigned-by-signed products, plus the activation block's sum (kept with the
 //! activations, [`ActRow::s`]) times the offset.
 
-use super::blocks::{whole_rows, ActRow, BlockMatrix, RowKernel, BLOCK, WIDE};
+use super::blocks::{whole_rows, ActRow, BlockMatrix, RowKernel, BLOCK};
 use rayon::prelude::*;
 
 /// Values per pair of blocks, the unit the kernels read: 32 bytes, byte `j` holding value `j`
@@ -76,7 +76,7 @@ impl Q4Matrix {
 
 /// One block's 4-bit values (scale and offset into `d`, `m`); `None` when its values are not
 /// on the grid.
-fn encode_block(v: &[f32], d: &mut f32, m: &mut f32) -> Option<[u8; BLOCK]> {
+pub(super) fn encode_block(v: &[f32], d: &mut f32, m: &mut f32) -> Option<[u8; BLOCK]> {
     let (lo, hi) = v
         .iter()
         .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &x| {
@@ -130,18 +130,15 @@ pub struct Q4Row<'a> {
 
 impl RowKernel for Q4Row<'_> {
     /// Whether the blocks of this row (whole pairs) and of every activation row are there
-    /// to read (and for a 16-lane kernel, their wide lanes).
-    fn readable(&self, xs: &[ActRow<'_>], wide: bool) -> bool {
+    /// to read.
+    fn readable(&self, xs: &[ActRow<'_>]) -> bool {
         let blocks = self.d.len();
         blocks.is_multiple_of(2)
             && self.qs.len() >= blocks * BLOCK / 2
             && self.m.len() >= blocks
-            && xs.iter().all(|x| {
-                x.q.len() >= blocks * BLOCK
-                    && x.d.len() >= blocks
-                    && x.s.len() >= blocks
-                    && (!wide || x.wide.len() >= blocks / 2 * WIDE)
-            })
+            && xs
+                .iter()
+                .all(|x| x.q.len() >= blocks * BLOCK && x.d.len() >= blocks && x.s.len() >= blocks)
     }
 
     fn dot_scalar(&self, x: ActRow<'_>) -> f32 {
@@ -168,12 +165,6 @@ impl RowKernel for Q4Row<'_> {
     fn dot_avx2<const R: usize>(&self, xs: &[ActRow<'_>; R]) -> [f32; R] {
         avx2::dot(self, xs)
     }
-
-    #[cfg(target_feature = "avx2")]
-    unsafe fn dot_avx512<const R: usize>(&self, xs: &[ActRow<'_>; R]) -> [f32; R] {
-        // SAFETY: the caller's contract is `avx512::dot`'s
-        unsafe { avx512::dot(self, xs) }
-    }
 }
 
 #[cfg(target_feature = "avx2")]
@@ -187,7 +178,7 @@ mod avx2 {
 
     pub fn dot<const R: usize>(w: &Q4Row<'_>, xs: &[ActRow<'_>; R]) -> [f32; R] {
         let mut out = [0f32; R];
-        if !w.readable(xs, false) {
+        if !w.readable(xs) {
             return out;
         }
         let (qs, wd, wm) = (w.qs, w.d, w.m);
@@ -226,64 +217,14 @@ mod avx2 {
     }
 }
 
-#[cfg(target_feature = "avx2")]
-mod avx512 {
-    //! The same products sixteen lanes at a time where the CPU has AVX-512 with VNNI (checked
-    //! at run time; the build targets AVX2): a pair of blocks' 64 values against a row's 64
-    //! activations in one multiply-and-sum instruction, scaled by the activation row's
-    //! [`ActRow::wide`] lanes; the offsets' term (`Σ m·s` over the row's blocks) is added once
-    //! per row, sixteen blocks at a time, outside the loop.
-
-    use super::super::simd::{add_block_terms, pair_scales};
-    use super::{ActRow, Q4Row, BLOCK, WIDE};
-    use std::arch::x86_64::*;
-
-    /// # Safety
-    /// The CPU must have AVX-512F, BW and VNNI, and `w.readable(&xs, true)`.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub unsafe fn dot<const R: usize>(w: &Q4Row<'_>, xs: &[ActRow<'_>; R]) -> [f32; R] {
-        let mut out = [0f32; R];
-        let (qs, wd, wm) = (w.qs, w.d, w.m);
-        // SAFETY: loads read 32 bytes at `p * 32` of `qs`, 64 at `p * 64` of each row's
-        // values and 16 floats at `p * 16` of its wide lanes, for pairs `p` inside slices
-        // the caller checked; each row's block sums are as long as `wm`.
-        unsafe {
-            let low = _mm256_set1_epi8(0x0F);
-            let zero = _mm512_setzero_si512();
-            let mut acc: [__m512; R] =
-                std::array::from_fn(|r| add_block_terms(wm, xs[r].s, _mm512_setzero_ps()));
-            for pair in 0..wd.len() / 2 {
-                let raw = _mm256_loadu_si256(qs.as_ptr().add(pair * BLOCK).cast());
-                let q = _mm512_inserti64x4::<1>(
-                    _mm512_castsi256_si512(_mm256_and_si256(raw, low)),
-                    _mm256_and_si256(_mm256_srli_epi16::<4>(raw), low),
-                );
-                let dw = pair_scales(wd, pair);
-                for r in 0..R {
-                    let x = xs[r];
-                    let xq = _mm512_loadu_si512(x.q.as_ptr().add(pair * 2 * BLOCK).cast());
-                    let sums = _mm512_dpbusd_epi32(zero, q, xq);
-                    let dx = _mm512_loadu_ps(x.wide.as_ptr().add(pair * WIDE));
-                    let scale = _mm512_mul_ps(dw, dx);
-                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), scale, acc[r]);
-                }
-            }
-            for (o, v) in out.iter_mut().zip(acc) {
-                *o = _mm512_reduce_add_ps(v);
-            }
-        }
-        out
-    }
-}
-
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::super::blocks::tests::{check, values};
     use super::super::blocks::Act;
     use super::*;
 
     /// Values on a 4-bit grid per block, as a Q4_1 file's dequantized weights are.
-    fn on_grid(n: usize) -> Vec<f32> {
+    pub fn on_grid(n: usize) -> Vec<f32> {
         let raw = values(n, 3);
         raw.chunks(BLOCK)
             .enumerate()
@@ -324,8 +265,7 @@ mod tests {
         assert!(Q4Matrix::exact(&on_grid(2 * 96), 96).is_none());
     }
 
-    /// The SIMD kernels compute what the block-by-block definition does (the AVX-512 one on
-    /// CPUs that have it).
+    /// The SIMD kernel computes what the block-by-block definition does.
     #[cfg(target_feature = "avx2")]
     #[test]
     fn the_kernels_agree_with_the_definition() {
@@ -338,17 +278,9 @@ mod tests {
             let want = xs.iter().map(|x| row.dot_scalar(*x));
             let group = [xs[0], xs[1], xs[2]];
             let avx2 = avx2::dot(&row, &group);
-            let avx512 =
-                (super::super::simd::avx512_vnni() && row.readable(&group, true)).then(|| {
-                    // SAFETY: the CPU has the features, the rows are whole pairs (checked)
-                    unsafe { avx512::dot(&row, &group) }
-                });
             for (r, want) in want.enumerate() {
                 let close = |g: f32| (g - want).abs() <= 1e-4 * want.abs().max(1.0);
                 assert!(close(avx2[r]), "{} vs {want}", avx2[r]);
-                if let Some(got) = avx512 {
-                    assert!(close(got[r]), "{} vs {want}", got[r]);
-                }
             }
         }
     }

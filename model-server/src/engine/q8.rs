@@ -3,17 +3,13 @@
 //! output projection. Re-encoding the file's Q8_0 values lands each block's 255 levels on the
 //! same grid. Multiplied through [`super::blocks::multiply`].
 
-use super::blocks::{whole_rows, ActRow, BlockMatrix, RowKernel, Rows, BLOCK, WIDE};
+use super::blocks::{whole_rows, ActRow, BlockMatrix, RowKernel, Rows, BLOCK};
 use candle_core::Result;
 
 /// A weight matrix `[out, in]` in 8 bits, row by row.
 pub struct Q8Matrix {
     out: usize,
     w: Rows,
-    /// Per block, −128 × its scale × the sum of its values: what a 16-lane kernel that reads
-    /// the activations as unsigned (plus 128) adds back per block, times the activations'
-    /// scale.
-    correction: Vec<f32>,
 }
 
 impl Q8Matrix {
@@ -24,12 +20,9 @@ impl Q8Matrix {
                 "an 8-bit matrix needs rows of a multiple of {BLOCK} values, not {width}"
             );
         }
-        let w = Rows::encode(values, width);
-        let correction = w.block_sums().map(|s| -128.0 * s).collect();
         Ok(Q8Matrix {
             out: values.len() / width,
-            w,
-            correction,
+            w: Rows::encode(values, width),
         })
     }
 }
@@ -47,9 +40,7 @@ impl BlockMatrix for Q8Matrix {
 
     fn row(&self, col: usize) -> Q8Row<'_> {
         let (q, d) = self.w.row(col);
-        let per_row = self.w.width / BLOCK;
-        let correction = &self.correction[col * per_row..(col + 1) * per_row];
-        Q8Row { q, d, correction }
+        Q8Row { q, d }
     }
 }
 
@@ -57,24 +48,16 @@ impl BlockMatrix for Q8Matrix {
 pub struct Q8Row<'a> {
     q: &'a [i8],
     d: &'a [f32],
-    correction: &'a [f32],
 }
 
 impl RowKernel for Q8Row<'_> {
-    /// Whether the blocks of this row and of every activation row are there to read (and
-    /// for a 16-lane kernel, whole pairs with their wide lanes).
-    fn readable(&self, xs: &[ActRow<'_>], wide: bool) -> bool {
+    /// Whether the blocks of this row and of every activation row are there to read.
+    fn readable(&self, xs: &[ActRow<'_>]) -> bool {
         let blocks = self.d.len();
         self.q.len() >= blocks * BLOCK
-            && self.correction.len() >= blocks
-            && (!wide || blocks.is_multiple_of(2))
-            && xs.iter().all(|x| {
-                x.q.len() >= blocks * BLOCK
-                    && x.d.len() >= blocks
-                    && (!wide
-                        || (x.wide.len() >= blocks / 2 * WIDE
-                            && x.unsigned.len() >= blocks * BLOCK))
-            })
+            && xs
+                .iter()
+                .all(|x| x.q.len() >= blocks * BLOCK && x.d.len() >= blocks)
     }
 
     /// Exact integer sums per block times both scales.
@@ -94,12 +77,6 @@ impl RowKernel for Q8Row<'_> {
     fn dot_avx2<const R: usize>(&self, xs: &[ActRow<'_>; R]) -> [f32; R] {
         avx2::dot(self, xs)
     }
-
-    #[cfg(target_feature = "avx2")]
-    unsafe fn dot_avx512<const R: usize>(&self, xs: &[ActRow<'_>; R]) -> [f32; R] {
-        // SAFETY: the caller's contract is `avx512::dot`'s
-        unsafe { avx512::dot(self, xs) }
-    }
 }
 
 #[cfg(target_feature = "avx2")]
@@ -113,7 +90,7 @@ mod avx2 {
 
     pub fn dot<const R: usize>(w: &Q8Row<'_>, xs: &[ActRow<'_>; R]) -> [f32; R] {
         let mut out = [0f32; R];
-        if !w.readable(xs, false) {
+        if !w.readable(xs) {
             return out;
         }
         // SAFETY: every load reads 32 bytes at `b * 32` for `b < blocks`, inside slices
@@ -142,52 +119,6 @@ mod avx2 {
     }
 }
 
-#[cfg(target_feature = "avx2")]
-mod avx512 {
-    //! Sixteen lanes at a time where the CPU has AVX-512 with VNNI (checked at run time; the
-    //! build targets AVX2): a pair of blocks' 64 weights against a row's 64 activations in
-    //! one multiply-and-sum instruction, which multiplies unsigned by signed bytes, so the
-    //! activations are read plus 128 ([`ActRow::unsigned`]) and 128 × the weights' sum is
-    //! taken off again ([`super::Q8Matrix`]'s correction).
-
-    use super::super::simd::{add_block_terms, pair_scales};
-    use super::{ActRow, Q8Row, BLOCK, WIDE};
-    use std::arch::x86_64::*;
-
-    /// # Safety
-    /// The CPU must have AVX-512F, BW and VNNI, and `w.readable(&xs, true)`.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-    pub unsafe fn dot<const R: usize>(w: &Q8Row<'_>, xs: &[ActRow<'_>; R]) -> [f32; R] {
-        let mut out = [0f32; R];
-        // SAFETY: loads read 64 bytes at `p * 64` of the weights and of each row's unsigned
-        // values and 16 floats at `p * 16` of its wide lanes, for pairs `p` inside slices the
-        // caller checked; each row's scales are as long as the corrections.
-        unsafe {
-            let zero = _mm512_setzero_si512();
-            let mut acc: [__m512; R] = std::array::from_fn(|r| {
-                add_block_terms(w.correction, xs[r].d, _mm512_setzero_ps())
-            });
-            for pair in 0..w.d.len() / 2 {
-                let b0 = 2 * pair;
-                let wq = _mm512_loadu_si512(w.q.as_ptr().add(b0 * BLOCK).cast());
-                let dw = pair_scales(w.d, pair);
-                for r in 0..R {
-                    let x = xs[r];
-                    let xu = _mm512_loadu_si512(x.unsigned.as_ptr().add(b0 * BLOCK).cast());
-                    let sums = _mm512_dpbusd_epi32(zero, xu, wq);
-                    let dx = _mm512_loadu_ps(x.wide.as_ptr().add(pair * WIDE));
-                    let scale = _mm512_mul_ps(dw, dx);
-                    acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), scale, acc[r]);
-                }
-            }
-            for (o, v) in out.iter_mut().zip(acc) {
-                *o = _mm512_reduce_add_ps(v);
-            }
-        }
-        out
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::blocks::tests::{check, values};
@@ -201,8 +132,7 @@ mod tests {
         check(&Q8Matrix::new(&w, width).unwrap(), &w, 0.02);
     }
 
-    /// The SIMD kernels compute what the block-by-block definition does (the AVX-512 one on
-    /// CPUs that have it).
+    /// The SIMD kernel computes what the block-by-block definition does.
     #[cfg(target_feature = "avx2")]
     #[test]
     fn the_kernels_agree_with_the_definition() {
@@ -213,18 +143,10 @@ mod tests {
         for c in 0..3 {
             let row = m.row(c);
             let avx2 = avx2::dot(&row, &group);
-            let avx512 =
-                (super::super::simd::avx512_vnni() && row.readable(&group, true)).then(|| {
-                    // SAFETY: the CPU has the features, the rows are whole pairs (checked)
-                    unsafe { avx512::dot(&row, &group) }
-                });
             for (r, x) in group.iter().enumerate() {
                 let want = row.dot_scalar(*x);
                 let close = |g: f32| (g - want).abs() <= 1e-4 * want.abs().max(1.0);
                 assert!(close(avx2[r]), "{} vs {want}", avx2[r]);
-                if let Some(got) = avx512 {
-                    assert!(close(got[r]), "{} vs {want}", got[r]);
-                }
             }
         }
     }
