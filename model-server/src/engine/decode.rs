@@ -159,19 +159,30 @@ impl Decoder {
                     &Tensor::from_slice(v, (1, self.n_kv_head, 1, hd), dev)?,
                 )?;
             }
-            // every sequence's every head, spread over the cores
+            // every sequence's heads, spread over the cores: a task per K/V head (its query
+            // heads read the K/V once) when that makes enough tasks, else a task per head;
+            // a head's numbers are the same either way
             let mut ys = vec![0f32; b * q_width];
+            let per_task = if b * self.n_kv_head >= 2 * rayon::current_num_threads()
+                && self.n_head.is_multiple_of(rep)
+            {
+                rep
+            } else {
+                1
+            };
             let qkv = &qkv;
             let steps = &*steps;
-            ys.par_chunks_mut(hd)
-                .enumerate()
-                .try_for_each(|(task, out)| -> Result<()> {
-                    let (i, head) = (task / self.n_head, task % self.n_head);
-                    let q = &qkv[i * width + head * hd..i * width + (head + 1) * hd];
-                    steps[i]
-                        .1
-                        .with_head(l, head / rep, |k, v| attention::attend_head(q, k, v, out))
-                })?;
+            ys.par_chunks_mut(per_task * hd).enumerate().try_for_each(
+                |(task, out)| -> Result<()> {
+                    let heads = self.n_head / per_task;
+                    let (i, head) = (task / heads, task % heads * per_task);
+                    let at = i * width + head * hd;
+                    let q = &qkv[at..at + per_task * hd];
+                    steps[i].1.with_head(l, head / rep, |k, v| {
+                        attention::attend_heads(q, k, v, hd, out)
+                    })
+                },
+            )?;
             let o = layer.wo.multiply(&Act::encode(&ys, q_width)?)?;
             add(&mut x, &o);
             let h = rms_norm(&x, &layer.ffn_norm, self.eps);

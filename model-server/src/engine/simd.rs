@@ -12,6 +12,12 @@ pub fn hsum(v: __m256) -> f32 {
     }
 }
 
+/// Whether this CPU has AVX-512F, for the 16-lane attention kernels (checked once).
+pub fn avx512f() -> bool {
+    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *AVAILABLE.get_or_init(|| std::arch::is_x86_feature_detected!("avx512f"))
+}
+
 /// Whether this CPU has AVX-512 with VNNI, for the 16-lane kernels of `q8` and `q4` (the
 /// build targets AVX2; checked once).
 pub fn avx512_vnni() -> bool {
