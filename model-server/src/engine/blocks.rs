@@ -45,11 +45,16 @@ impl Rows {
         let mut q = vec![0i8; values.len()];
         let mut d = vec![0f32; values.len() / BLOCK];
         let encode_block = |(v, (q, d)): (&[f32], (&mut [i8], &mut f32))| {
+            #[cfg(target_feature = "avx2")]
+            if let (Ok(v), Ok(q)) = (v.try_into(), q.try_into()) {
+                *d = avx2::encode_block(v, q);
+                return;
+            }
             let amax = v.iter().fold(0f32, |m, x| m.max(x.abs()));
             *d = amax / 127.0;
             let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
             for (q, x) in q.iter_mut().zip(v) {
-                *q = (x * inv).round().clamp(-127.0, 127.0) as i8;
+                *q = (x * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
             }
         };
         if values.len() >= 1 << 16 {
@@ -73,6 +78,54 @@ impl Rows {
             &self.q[r * self.width..(r + 1) * self.width],
             &self.d[r * per_row..(r + 1) * per_row],
         )
+    }
+}
+
+#[cfg(target_feature = "avx2")]
+mod avx2 {
+    //! One block's encoding eight values at a time: a decode step encodes every matrix's
+    //! input (eight sequences × up to 1536 values, 121 times a step), and the scalar loop
+    //! (its rounding a library call per value) was ~5 % of an eight-sequence step, on one
+    //! core while the other waited.
+
+    use super::BLOCK;
+    use std::arch::x86_64::*;
+
+    /// Encodes 32 values into `q` (each `value / d` rounded to the nearest, ties to even, as
+    /// the scalar loop does) and returns their scale `d` (the largest magnitude / 127).
+    pub fn encode_block(v: &[f32; BLOCK], q: &mut [i8; BLOCK]) -> f32 {
+        // SAFETY: loads read 8 floats at 0, 8, 16, 24 of `v` (32 values), the store writes
+        // 32 bytes at `q`; AVX2 is enabled for the whole build
+        unsafe {
+            let x: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(v.as_ptr().add(8 * i)));
+            let sign = _mm256_set1_ps(-0.0);
+            let abs = |x: __m256| _mm256_andnot_ps(sign, x);
+            let a = _mm256_max_ps(
+                _mm256_max_ps(abs(x[0]), abs(x[1])),
+                _mm256_max_ps(abs(x[2]), abs(x[3])),
+            );
+            let h = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps::<1>(a));
+            let h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+            let amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_shuffle_ps::<1>(h, h)));
+            let inv = _mm256_set1_ps(if amax > 0.0 { 127.0 / amax } else { 0.0 });
+            let (lo, hi) = (_mm256_set1_epi32(-127), _mm256_set1_epi32(127));
+            // the conversion rounds to nearest, ties to even (the default rounding mode)
+            let i: [__m256i; 4] = std::array::from_fn(|k| {
+                let n = _mm256_cvtps_epi32(_mm256_mul_ps(x[k], inv));
+                _mm256_max_epi32(lo, _mm256_min_epi32(hi, n))
+            });
+            // packing works within 128-bit lanes: dwords come out as [0a 1a 2a 3a 0b 1b 2b 3b]
+            let packed = _mm256_packs_epi16(
+                _mm256_packs_epi32(i[0], i[1]),
+                _mm256_packs_epi32(i[2], i[3]),
+            );
+            let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+            _mm256_storeu_si256(
+                q.as_mut_ptr().cast(),
+                _mm256_permutevar8x32_epi32(packed, order),
+            );
+            amax / 127.0
+        }
     }
 }
 
@@ -309,6 +362,30 @@ pub(super) mod tests {
                 let mut alone = vec![0f32; m.out()];
                 multiply(m, &alone_act, &mut alone).unwrap();
                 assert_eq!(alone, together, "row {r} of {batch} differs in a batch");
+            }
+        }
+    }
+
+    /// The eight-lane encoding gives the scalar loop's values and scales, ties included.
+    #[cfg(target_feature = "avx2")]
+    #[test]
+    fn the_block_encoding_agrees_with_the_scalar_loop() {
+        let mut v = values(32 * 40, 5);
+        // a block whose values land on ties (x · 127 / 2 = k + 0.5) and one of zeros
+        for (i, x) in v[..32].iter_mut().enumerate() {
+            *x = (i as f32 - 16.0) / 127.0 * 2.0 + 1.0 / 127.0;
+        }
+        v[0] = 2.0;
+        v[32..64].fill(0.0);
+        for (b, block) in v.chunks(32).enumerate() {
+            let mut q = [0i8; 32];
+            let d = avx2::encode_block(block.try_into().unwrap(), &mut q);
+            let amax = block.iter().fold(0f32, |m, x| m.max(x.abs()));
+            assert_eq!(d, amax / 127.0, "block {b}");
+            let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+            for (k, x) in block.iter().enumerate() {
+                let want = (x * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
+                assert_eq!(q[k], want, "block {b} value {k}: {x}");
             }
         }
     }

@@ -136,7 +136,7 @@ impl Interleaved {
                         let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
                         let bytes = &mut qs[b * Bits::Eight.bytes()..][..Bits::Eight.bytes()];
                         for (k, x) in v.iter().enumerate() {
-                            let q = (x * inv).round().clamp(-127.0, 127.0) as i8;
+                            let q = (x * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
                             bytes[64 * (k / 4) + 4 * f + k % 4] = (q as u8) ^ 0x80;
                         }
                     }
