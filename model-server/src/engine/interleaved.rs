@@ -313,6 +313,9 @@ mod avx512 {
     use super::{ActRow, Bits, Group, BLOCK, FEATURES};
     use std::arch::x86_64::*;
 
+    /// Blocks ahead the weights are prefetched.
+    const AHEAD: usize = 4;
+
     /// The group's 16 features times each of `xs` into `results` (16 per row, rows in order).
     ///
     /// # Safety
@@ -331,6 +334,15 @@ mod avx512 {
             let mut acc = [_mm512_setzero_ps(); R];
             for b in 0..blocks {
                 let p = g.qs.as_ptr().add(b * g.bits.bytes());
+                // the weights a few blocks ahead (into the next group's, which follow in
+                // memory): measured, the loads of each block's weights waited on memory
+                let ahead = p.wrapping_add(AHEAD * g.bits.bytes());
+                for line in 0..g.bits.bytes() / 64 {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line).cast());
+                }
+                for s in [g.d.as_ptr(), g.m.as_ptr()] {
+                    _mm_prefetch::<_MM_HINT_T0>(s.wrapping_add((b + AHEAD) * FEATURES).cast());
+                }
                 let mut w = [_mm512_setzero_si512(); 8];
                 match g.bits {
                     Bits::Four => {
