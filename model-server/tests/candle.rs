@@ -176,6 +176,58 @@ fn a_batched_decode_step_equals_each_sequence_alone() {
     }
 }
 
+/// Prompt chunks of several sequences in one pass (the batching loop prefills the requests it
+/// admits together) give each the logits and K/V it gets in a pass of its own: a fresh
+/// prompt, a chunk after positions already held, and a short one.
+#[test]
+fn prompt_chunks_prefilled_together_equal_each_alone() {
+    let (model, ids) = model_and_runbook(2);
+    let held = |n: usize| {
+        let mut kv = model.empty_kv().unwrap();
+        if n > 0 {
+            model.forward(&ids[..n], &mut kv).unwrap();
+        }
+        kv
+    };
+    let chunks: [(usize, &[u32]); 3] = [(0, &ids[..40]), (64, &ids[64..100]), (0, &ids[11..23])];
+    let alone: Vec<(Vec<f32>, Vec<f32>)> = chunks
+        .iter()
+        .map(|&(before, chunk)| {
+            let mut kv = held(before);
+            let logits = model
+                .forward(chunk, &mut kv)
+                .unwrap()
+                .to_vec1::<f32>()
+                .unwrap();
+            let next = decode_alone(&model, argmax(&logits), &mut kv);
+            (logits, next)
+        })
+        .collect();
+    let mut kvs: Vec<Kv> = chunks.iter().map(|&(before, _)| held(before)).collect();
+    let mut parts: Vec<(&[u32], &mut Kv)> = chunks
+        .iter()
+        .zip(kvs.iter_mut())
+        .map(|((_, c), kv)| (*c, kv))
+        .collect();
+    let together = model.forward_many(&mut parts).unwrap();
+    assert_eq!(together.len(), 3);
+    for (i, (logits, (want, want_next))) in together.iter().zip(&alone).enumerate() {
+        let got = logits.to_vec1::<f32>().unwrap();
+        let (diff, scale) = diff_and_scale(&got, want);
+        assert!(diff <= 1e-3 * scale, "chunk {i}: logits differ by {diff}");
+        assert_eq!(argmax(&got), argmax(want), "chunk {i}");
+        // the K/V appended is the same too: the next step's logits agree
+        assert_eq!(kvs[i].len(), chunks[i].0 + chunks[i].1.len());
+        let next = decode_alone(&model, argmax(&got), &mut kvs[i]);
+        let (diff, scale) = diff_and_scale(&next, want_next);
+        assert!(
+            diff <= 1e-3 * scale,
+            "chunk {i}: the next step differs by {diff}"
+        );
+    }
+    assert!(model.forward_many(&mut []).unwrap().is_empty());
+}
+
 /// A decode step (the GGUF's 4-bit values where it holds 4 bits, its 8-bit output matrix,
 /// activations in 8 bits) stays close to the same position computed with the f32 weights
 /// prefill uses, and picks the same greedy token, over a run of steps.

@@ -5,9 +5,10 @@
 //! same for one sequence as for eight; so one thread owns the model's compute and, in a loop,
 //! (1) takes in new requests, (2) prefills the requests still prefilling, oldest first, up to
 //! [`PREFILL_CHUNK`] prompt tokens in all (so a long prompt delays the others' next tokens by
-//! one chunk, not by its whole prefill, and several short ones start together), and (3) runs
-//! one batched decode step for every request past its prefill ([`Llama::forward_batch`],
-//! which spreads the sequences' attention over the cores). How many requests run at once
+//! one chunk, not by its whole prefill, and several short ones start together, in one pass
+//! that reads the weights once for all of them: [`Llama::forward_many`]), and (3) runs one
+//! batched decode step for every request past its prefill ([`Llama::forward_batch`], which
+//! spreads the sequences' attention over the cores). How many requests run at once
 //! is the server's admission (`--max-num-seqs`), as before; the prefix cache's blocks come in
 //! with the request and the new full blocks go out after its prefill, as before.
 //!
@@ -130,15 +131,10 @@ impl Seq {
         self.logits.is_some()
     }
 
-    /// Computes the next chunk of the prompt; after the last one, hands the prompt's new full
-    /// blocks to the cache.
-    fn prefill_chunk(
-        &mut self,
-        llama: &Llama,
-        budget: usize,
-        first: bool,
-    ) -> Result<usize, EngineError> {
-        let prompt = Arc::clone(&self.req.prompt_tokens);
+    /// Where the next chunk of the prompt ends, given `budget` tokens left in this turn
+    /// (`first`: no chunk has been taken this turn yet); `None` when no whole block fits.
+    fn chunk_end(&self, budget: usize, first: bool) -> Option<usize> {
+        let prompt = &self.req.prompt_tokens;
         let start = self.computed;
         let bs = self.req.block_size.max(1);
         // a chunk that does not finish the prompt ends on a block boundary, where a cache hit
@@ -150,23 +146,26 @@ impl Seq {
         } else {
             (start + budget) / bs * bs
         };
-        if end <= start {
-            return Ok(0); // no whole block fits in what is left of this turn
-        }
-        let chunk = prompt.get(self.computed..end).unwrap_or_default();
-        let logits = llama.forward(chunk, &mut self.kv).map_err(failed)?;
+        (end > start).then_some(end)
+    }
+
+    /// Records a computed chunk ending at `end` with its last position's `logits`; after the
+    /// prompt's last chunk, hands its new full blocks to the cache.
+    fn chunk_done(&mut self, end: usize, logits: Tensor) -> Result<(), EngineError> {
         self.computed = end;
-        if end < prompt.len() {
-            return Ok(end - start);
+        let prompt_len = self.req.prompt_tokens.len();
+        if end < prompt_len {
+            return Ok(());
         }
-        let blocks: Vec<KvBlock> = (self.req.cached_kv.len()..prompt.len() / bs)
+        let bs = self.req.block_size.max(1);
+        let blocks: Vec<KvBlock> = (self.req.cached_kv.len()..prompt_len / bs)
             .map(|b| self.kv.slice(b * bs, bs).map(Arc::new))
             .collect::<Result<_, _>>()
             .map_err(failed)?;
         self.req.cached_kv.clear(); // the cache's copies are not needed any longer
         self.backlog.push_back(Emitted::Blocks(blocks));
         self.logits = Some(logits);
-        Ok(end - start)
+        Ok(())
     }
 
     /// Samples the next token from the last logits and queues its text; `Some(token)` when
@@ -276,24 +275,8 @@ fn run(model: &Model, jobs: &std::sync::mpsc::Receiver<Job>) {
         while let Ok(job) = jobs.try_recv() {
             admit(model, job, &mut seqs);
         }
-        // (2) prefill, oldest first, up to PREFILL_CHUNK prompt tokens in all
-        let mut budget = PREFILL_CHUNK;
-        let mut prefilled = 0;
-        for seq in seqs
-            .iter_mut()
-            .filter(|s| !s.prefilled() && s.ended.is_none())
-        {
-            if budget == 0 {
-                break;
-            }
-            match seq.prefill_chunk(&model.llama, budget, budget == PREFILL_CHUNK) {
-                Ok(used) => {
-                    prefilled += used;
-                    budget -= used.min(budget);
-                }
-                Err(e) => seq.end(Err(e)),
-            }
-        }
+        // (2) prefill, oldest first, up to PREFILL_CHUNK prompt tokens in all, in one pass
+        let prefilled = prefill(model, &mut seqs);
         // (3) one decode step for every request past its prefill
         let mut batch: Vec<(u32, &mut Seq)> = Vec::new();
         for seq in seqs.iter_mut() {
@@ -313,6 +296,87 @@ fn run(model: &Model, jobs: &std::sync::mpsc::Receiver<Job>) {
             decode(model, &mut batch);
         }
         seqs.retain_mut(|s| !s.finish_if_over());
+    }
+}
+
+/// Plans this turn's prompt chunks (oldest request first, up to [`PREFILL_CHUNK`] tokens in
+/// all) and computes them in one pass ([`Llama::forward_many`]: the weights are read once for
+/// every request admitted together); returns the prompt tokens computed. Should the pass
+/// fail, each chunk is tried in a pass of its own, so only a request whose own chunk fails
+/// ends (a failed pass leaves every K/V as it was: positions count only once a pass is done).
+fn prefill(model: &Model, seqs: &mut [Seq]) -> usize {
+    let mut budget = PREFILL_CHUNK;
+    let mut ends: Vec<Option<usize>> = vec![None; seqs.len()];
+    for (seq, end) in seqs.iter().zip(ends.iter_mut()) {
+        if budget == 0 {
+            break;
+        }
+        if seq.prefilled() || seq.ended.is_some() {
+            continue;
+        }
+        *end = seq.chunk_end(budget, budget == PREFILL_CHUNK);
+        if let Some(e) = *end {
+            budget -= (e - seq.computed).min(budget);
+        }
+    }
+    let mut planned: Vec<(&mut Seq, usize)> = seqs
+        .iter_mut()
+        .zip(ends)
+        .filter_map(|(seq, end)| end.map(|e| (seq, e)))
+        .collect();
+    let run = |group: &mut [(&mut Seq, usize)]| {
+        let mut parts: Vec<(&[u32], &mut Kv)> = group
+            .iter_mut()
+            .map(|(seq, end)| {
+                let Seq {
+                    req, kv, computed, ..
+                } = &mut **seq;
+                (
+                    req.prompt_tokens.get(*computed..*end).unwrap_or_default(),
+                    kv,
+                )
+            })
+            .collect();
+        model.llama.forward_many(&mut parts)
+    };
+    // the prompt tokens of the chunks computed, recorded as done
+    let done = |(seq, end): &mut (&mut Seq, usize), logits: Tensor| -> usize {
+        let tokens = *end - seq.computed;
+        match seq.chunk_done(*end, logits) {
+            Ok(()) => tokens,
+            Err(e) => {
+                seq.end(Err(e));
+                0
+            }
+        }
+    };
+    match run(&mut planned) {
+        Ok(logits) => planned
+            .iter_mut()
+            .zip(logits)
+            .map(|(p, l)| done(p, l))
+            .sum(),
+        Err(_) if planned.len() > 1 => planned
+            .chunks_mut(1)
+            .map(|one| match run(one).map(|mut l| l.pop()) {
+                Ok(Some(logits)) => one.iter_mut().map(|p| done(p, logits.clone())).sum(),
+                Ok(None) => {
+                    let e = "a prompt chunk gave no logits";
+                    one.iter_mut().for_each(|(seq, _)| seq.end(Err(failed(e))));
+                    0
+                }
+                Err(e) => {
+                    one.iter_mut().for_each(|(seq, _)| seq.end(Err(failed(&e))));
+                    0
+                }
+            })
+            .sum(),
+        Err(e) => {
+            for (seq, _) in planned.iter_mut() {
+                seq.end(Err(failed(&e)));
+            }
+            0
+        }
     }
 }
 

@@ -396,29 +396,83 @@ impl Llama {
     /// Runs `tokens` after the `kv.len()` positions already in `kv`, appends their K/V to it,
     /// and returns the logits of the last position (`[vocab]`, f32).
     pub fn forward(&self, tokens: &[u32], kv: &mut Kv) -> Result<Tensor> {
-        let start = kv.len();
-        let n = tokens.len();
-        if n == 0 || start + n > MAX_POSITIONS {
-            candle_core::bail!("{n} tokens after {start} do not fit in {MAX_POSITIONS} positions");
+        let mut logits = self.forward_many(&mut [(tokens, kv)])?;
+        match logits.pop() {
+            Some(l) if logits.is_empty() => Ok(l),
+            _ => candle_core::bail!("one prompt chunk gave {} logits", logits.len() + 1),
         }
-        let ids = Tensor::new(tokens, &self.device)?.unsqueeze(0)?;
+    }
+
+    /// Prompt chunks of several sequences in one pass: chunk `i`'s tokens run after the
+    /// positions in its own KV (appending to it), and logits `i` are its last position's
+    /// (`[vocab]`, f32). The chunks' rows go through each weight matrix together, so the
+    /// weights are read once for all of them (a pod that admits eight short prompts at once
+    /// prefilled them in eight passes, each reading every matrix); attention runs per
+    /// sequence over its own K/V. Each row is computed from its own values only (the
+    /// prefill's matrices are row-independent, [`super::bf16`]), so a chunk's numbers are
+    /// the same as in a pass of its own.
+    pub fn forward_many(&self, chunks: &mut [(&[u32], &mut Kv)]) -> Result<Vec<Tensor>> {
+        let spans: Vec<(usize, usize)> = chunks
+            .iter()
+            .map(|(tokens, kv)| (kv.len(), tokens.len()))
+            .collect();
+        for &(start, n) in &spans {
+            if n == 0 || start + n > MAX_POSITIONS {
+                candle_core::bail!(
+                    "{n} tokens after {start} do not fit in {MAX_POSITIONS} positions"
+                );
+            }
+        }
+        if spans.is_empty() {
+            return Ok(Vec::new());
+        }
+        let tokens: Vec<u32> = chunks.iter().flat_map(|(t, _)| t.iter().copied()).collect();
+        let total = tokens.len();
+        let ids = Tensor::new(tokens.as_slice(), &self.device)?.unsqueeze(0)?;
         let mut x = self.embed.forward(&ids)?;
-        let cos = self.cos.narrow(0, start, n)?;
-        let sin = self.sin.narrow(0, start, n)?;
         for (l, layer) in self.layers.iter().enumerate() {
             let h = layer.attn_norm.forward(&x)?;
-            let (q, k, v) = self.qkv(layer, &h, n)?;
-            let q = candle_nn::rotary_emb::rope_i(&q, &cos, &sin)?;
-            let k = candle_nn::rotary_emb::rope_i(&k, &cos, &sin)?;
-            kv.append(l, &k, &v)?;
-            let (k, v) = kv.in_f32(l, start + n)?;
-            let y = self.attend(&q, &k, &v, start)?;
+            let (q, k, v) = self.qkv(layer, &h, total)?;
+            let mut ys = Vec::with_capacity(spans.len());
+            let mut at = 0;
+            for ((_, kv), &(start, n)) in chunks.iter_mut().zip(&spans) {
+                let part = |t: &Tensor| -> Result<Tensor> {
+                    if n == total {
+                        Ok(t.clone())
+                    } else {
+                        t.narrow(2, at, n)?.contiguous()
+                    }
+                };
+                let cos = self.cos.narrow(0, start, n)?;
+                let sin = self.sin.narrow(0, start, n)?;
+                let q = candle_nn::rotary_emb::rope_i(&part(&q)?, &cos, &sin)?;
+                let k = candle_nn::rotary_emb::rope_i(&part(&k)?, &cos, &sin)?;
+                kv.append(l, &k, &part(&v)?)?;
+                let (k, v) = kv.in_f32(l, start + n)?;
+                ys.push(self.attend(&q, &k, &v, start)?);
+                at += n;
+            }
+            let y = if ys.len() == 1 {
+                ys.swap_remove(0)
+            } else {
+                Tensor::cat(&ys, 1)?
+            };
             x = self.feed_forward(layer, &y, &x)?;
         }
-        kv.advance(n);
-        let last = x.i((0, n - 1))?.contiguous()?;
+        // every chunk's last position, through the output matrix together
+        let mut last = Vec::with_capacity(spans.len());
+        let mut end = 0;
+        for ((_, kv), &(_, n)) in chunks.iter_mut().zip(&spans) {
+            kv.advance(n);
+            end += n;
+            last.push(x.i((0, end - 1))?);
+        }
+        let last = Tensor::stack(&last, 0)?.contiguous()?;
         let logits = with_slice(&last, |h: &[f32]| self.decoder.logits(h))??;
-        Tensor::from_vec(logits, self.vocab, &self.device)
+        logits
+            .chunks(self.vocab)
+            .map(|row| Tensor::from_slice(row, self.vocab, &self.device))
+            .collect()
     }
 
     /// One decode step for several sequences at once: sequence `i` runs token `steps[i].0`
