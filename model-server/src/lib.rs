@@ -20,9 +20,11 @@
 //!   `prefix_core::protocol`).
 //! - [`engine`]: `sim` (latency model) and `candle` (real Llama forward pass, K/V per block,
 //!   requests batched continuously in one loop: `engine::batcher`; prefill in
-//!   `engine::llama`, its matmuls in bf16 (`engine::bf16`), decode steps on plain slices in
-//!   `engine::decode`: `engine::blocks` multiplies by the `engine::q4`/`engine::q8`
-//!   matrices, `engine::attention` per head; `engine::exp` for softmax and SiLU).
+//!   `engine::llama`, a turn's prompts in one pass, its matmuls in bf16 (`engine::bf16`,
+//!   `engine::amx`), decode steps on plain slices in `engine::decode`: `engine::interleaved`
+//!   (AVX-512 VNNI) or `engine::blocks` with the `engine::q4`/`engine::q8` matrices (AVX2)
+//!   multiplies, `engine::attention` per head or K/V head; `engine::exp` for softmax and
+//!   SiLU).
 //! - [`metrics`]: vLLM-named Prometheus metrics.
 
 pub mod admission;
