@@ -341,12 +341,35 @@ pub(super) mod tests {
     /// for batches of 1 to 9 rows (groups of every size), and each row of a batch equals
     /// that row multiplied alone, bit for bit.
     pub fn check(m: &impl BlockMatrix, w: &[f32], tolerance: f32) {
-        let width = m.width();
-        for batch in 1..=9 {
+        let batches: Vec<usize> = (1..=9).collect();
+        let mul = |x: &Act, out: &mut [f32]| multiply(m, x, out).unwrap();
+        check_product(
+            m.out(),
+            m.width(),
+            &batches,
+            w,
+            tolerance,
+            mul,
+            |_, _, _| {},
+        );
+    }
+
+    /// The checks of [`check`] for any multiplication `mul` of `out × width` weights `w`,
+    /// with `batches` rows; `each(batch, r, outputs)` checks row `r`'s outputs further.
+    pub fn check_product(
+        out: usize,
+        width: usize,
+        batches: &[usize],
+        w: &[f32],
+        tolerance: f32,
+        mul: impl Fn(&Act, &mut [f32]),
+        each: impl Fn(&Act, usize, &[f32]),
+    ) {
+        for &batch in batches {
             let x = values(batch * width, batch);
             let act = Act::encode(&x, width).unwrap();
-            let mut got = vec![0f32; batch * m.out()];
-            multiply(m, &act, &mut got).unwrap();
+            let mut got = vec![0f32; batch * out];
+            mul(&act, &mut got);
             let want = reference(w, &x, width);
             let scale = want.iter().fold(0f32, |a, v| a.max(v.abs()));
             let err = got
@@ -357,17 +380,16 @@ pub(super) mod tests {
                 err <= tolerance * scale,
                 "error {err} against values up to {scale}"
             );
-            for (r, together) in got.chunks(m.out()).enumerate() {
+            for (r, together) in got.chunks(out).enumerate() {
                 let alone_act = Act::encode(&x[r * width..(r + 1) * width], width).unwrap();
-                let mut alone = vec![0f32; m.out()];
-                multiply(m, &alone_act, &mut alone).unwrap();
+                let mut alone = vec![0f32; out];
+                mul(&alone_act, &mut alone);
                 assert_eq!(alone, together, "row {r} of {batch} differs in a batch");
+                each(&act, r, together);
             }
         }
     }
 
-    /// The eight-lane encoding gives the scalar loop's values and scales, ties included.
-    #[cfg(target_feature = "avx2")]
     #[test]
     fn the_block_encoding_agrees_with_the_scalar_loop() {
         let mut v = values(32 * 40, 5);

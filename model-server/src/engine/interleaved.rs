@@ -22,7 +22,7 @@
 //! operations in the same order (fused multiply-adds), so the kernel is tested against it bit
 //! for bit.
 
-use super::blocks::{whole_rows, Act, ActRow, BLOCK, ROWS_AT_ONCE};
+use super::blocks::{whole_rows, Act, ActRow, Rows, BLOCK, ROWS_AT_ONCE};
 use super::q4::encode_block;
 use candle_core::Result;
 use rayon::prelude::*;
@@ -122,6 +122,8 @@ impl Interleaved {
         }
         let (out, blocks) = (values.len() / width, width / BLOCK);
         let groups = out.div_ceil(FEATURES);
+        // the rows' 8-bit blocks as the activations are encoded, then laid out
+        let rows = Rows::encode(values, width);
         let mut qs = vec![0x80u8; groups * blocks * Bits::Eight.bytes()];
         let mut d = vec![0f32; groups * blocks * FEATURES];
         qs.par_chunks_mut(blocks * Bits::Eight.bytes())
@@ -129,14 +131,11 @@ impl Interleaved {
             .enumerate()
             .for_each(|(g, (qs, d))| {
                 for f in 0..FEATURES.min(out - g * FEATURES) {
-                    let row = &values[(g * FEATURES + f) * width..][..width];
-                    for (b, v) in row.chunks(BLOCK).enumerate() {
-                        let amax = v.iter().fold(0f32, |a, x| a.max(x.abs()));
-                        d[b * FEATURES + f] = amax / 127.0;
-                        let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+                    let (q, scales) = rows.row(g * FEATURES + f);
+                    for (b, (q, &scale)) in q.chunks(BLOCK).zip(scales).enumerate() {
+                        d[b * FEATURES + f] = scale;
                         let bytes = &mut qs[b * Bits::Eight.bytes()..][..Bits::Eight.bytes()];
-                        for (k, x) in v.iter().enumerate() {
-                            let q = (x * inv).round_ties_even().clamp(-127.0, 127.0) as i8;
+                        for (k, &q) in q.iter().enumerate() {
                             bytes[64 * (k / 4) + 4 * f + k % 4] = (q as u8) ^ 0x80;
                         }
                     }
@@ -399,7 +398,7 @@ mod avx512 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::blocks::tests::{reference, values};
+    use super::super::blocks::tests::{check_product, values};
     use super::*;
 
     /// Values on a 4-bit grid per block, as a Q4_1 file's dequantized weights are.
@@ -412,37 +411,20 @@ mod tests {
     /// that row multiplied alone bit for bit, and every output equals the block-by-block
     /// definition bit for bit.
     fn check(m: &Interleaved, w: &[f32], width: usize, tolerance: f32) {
-        for batch in (1..=9).chain([17]) {
-            let x = values(batch * width, batch);
-            let act = Act::encode(&x, width).unwrap();
-            let mut got = vec![0f32; batch * m.out()];
-            m.multiply(&act, &mut got).unwrap();
-            let want = reference(w, &x, width);
-            let scale = want.iter().fold(0f32, |a, v| a.max(v.abs()));
-            let err = got
-                .iter()
-                .zip(&want)
-                .fold(0f32, |a, (g, w)| a.max((g - w).abs()));
-            assert!(
-                err <= tolerance * scale,
-                "error {err} against values up to {scale}"
-            );
-            for (r, together) in got.chunks(m.out()).enumerate() {
-                let alone_act = Act::encode(&x[r * width..(r + 1) * width], width).unwrap();
-                let mut alone = vec![0f32; m.out()];
-                m.multiply(&alone_act, &mut alone).unwrap();
-                assert_eq!(alone, together, "row {r} of {batch} differs in a batch");
-                let row = act.row(r);
-                for (c, v) in together.iter().enumerate() {
-                    let def = m.dot_scalar(c / FEATURES, c % FEATURES, &row);
-                    assert_eq!(
-                        v.to_bits(),
-                        def.to_bits(),
-                        "row {r} feature {c}: {v} vs {def}"
-                    );
-                }
+        let batches: Vec<usize> = (1..=9).chain([17]).collect();
+        let mul = |x: &Act, out: &mut [f32]| m.multiply(x, out).unwrap();
+        let definition = |act: &Act, r: usize, outputs: &[f32]| {
+            let row = act.row(r);
+            for (c, v) in outputs.iter().enumerate() {
+                let def = m.dot_scalar(c / FEATURES, c % FEATURES, &row);
+                assert_eq!(
+                    v.to_bits(),
+                    def.to_bits(),
+                    "row {r} feature {c}: {v} vs {def}"
+                );
             }
-        }
+        };
+        check_product(m.out(), width, &batches, w, tolerance, mul, definition);
     }
 
     #[test]
