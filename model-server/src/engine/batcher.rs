@@ -339,44 +339,43 @@ fn prefill(model: &Model, seqs: &mut [Seq]) -> usize {
             .collect();
         model.llama.forward_many(&mut parts)
     };
-    // the prompt tokens of the chunks computed, recorded as done
-    let done = |(seq, end): &mut (&mut Seq, usize), logits: Tensor| -> usize {
-        let tokens = *end - seq.computed;
-        match seq.chunk_done(*end, logits) {
-            Ok(()) => tokens,
-            Err(e) => {
-                seq.end(Err(e));
-                0
+    // a pass's outcome recorded: each chunk done (its prompt tokens counted), or each of the
+    // pass's requests ended with the error (also should a pass give a chunk no logits)
+    let record = |group: &mut [(&mut Seq, usize)], result: Result<Vec<Tensor>, _>| -> usize {
+        let logits = match result {
+            Ok(logits) if logits.len() == group.len() => logits,
+            other => {
+                let e = other.err().map_or_else(
+                    || "a prompt pass gave logits for another number of chunks".to_owned(),
+                    |e: candle_core::Error| e.to_string(),
+                );
+                group
+                    .iter_mut()
+                    .for_each(|(seq, _)| seq.end(Err(failed(&e))));
+                return 0;
+            }
+        };
+        let mut tokens = 0;
+        for ((seq, end), logits) in group.iter_mut().zip(logits) {
+            let n = *end - seq.computed;
+            match seq.chunk_done(*end, logits) {
+                Ok(()) => tokens += n,
+                Err(e) => seq.end(Err(e)),
             }
         }
+        tokens
     };
-    match run(&mut planned) {
-        Ok(logits) => planned
-            .iter_mut()
-            .zip(logits)
-            .map(|(p, l)| done(p, l))
-            .sum(),
-        Err(_) if planned.len() > 1 => planned
+    let result = run(&mut planned);
+    if result.is_err() && planned.len() > 1 {
+        planned
             .chunks_mut(1)
-            .map(|one| match run(one).map(|mut l| l.pop()) {
-                Ok(Some(logits)) => one.iter_mut().map(|p| done(p, logits.clone())).sum(),
-                Ok(None) => {
-                    let e = "a prompt chunk gave no logits";
-                    one.iter_mut().for_each(|(seq, _)| seq.end(Err(failed(e))));
-                    0
-                }
-                Err(e) => {
-                    one.iter_mut().for_each(|(seq, _)| seq.end(Err(failed(&e))));
-                    0
-                }
+            .map(|one| {
+                let result = run(one);
+                record(one, result)
             })
-            .sum(),
-        Err(e) => {
-            for (seq, _) in planned.iter_mut() {
-                seq.end(Err(failed(&e)));
-            }
-            0
-        }
+            .sum()
+    } else {
+        record(&mut planned, result)
     }
 }
 
