@@ -293,6 +293,25 @@ pub fn main() -> anyhow::Result<()> {
         println!("== tokenizer (native, SmolLM2 vocabulary)");
         let t = micro::tokenizer(&bundle, &text_2k, 500)?;
         println!("   {:.0} tokens/s encoding a {}-token prompt not seen before; parse+tokenize+hash {:.0} µs per request", t.tokens_per_sec, t.prompt_tokens, t.prepare_us);
+        println!("== tokenize time by input size, 1 KiB to 4 MiB (native; linear = flat ms/MiB, slope 1)");
+        let scaling = micro::tokenize_scaling(&bundle)?;
+        let mut last = "";
+        for r in &scaling {
+            if r.input != last {
+                last = r.input;
+                println!(
+                    "   {:<28} slope {:.2}",
+                    r.input,
+                    micro::slope(&scaling, r.input)
+                );
+            }
+            println!(
+                "     {:>8} KiB {:>10.2} ms {:>9.1} ms/MiB",
+                r.bytes >> 10,
+                r.ms,
+                r.ms_per_mib
+            );
+        }
         println!(
             "== model server, sim engine at zero cost, the same 2k-token prompt, {} connections, {} s",
             a.connections, a.seconds
@@ -304,7 +323,7 @@ pub fn main() -> anyhow::Result<()> {
         );
         summary.insert(
             "cache".into(),
-            serde_json::json!({"cache": c, "tokenizer": t, "server": s}),
+            serde_json::json!({"cache": c, "tokenizer": t, "tokenize_scaling": scaling, "server": s}),
         );
     }
     if matches!(a.which, Which::Filter | Which::All) || (a.which == Which::Policies && !a.quick) {

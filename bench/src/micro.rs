@@ -156,3 +156,75 @@ pub fn text_of(bundle: &ModelBundle, tokens: usize) -> anyhow::Result<String> {
         }
     }
 }
+
+/// One input shape of [`tokenize_scaling`] at one size.
+#[derive(Debug, Serialize)]
+pub struct ScalingRow {
+    pub input: &'static str,
+    pub bytes: usize,
+    pub ms: f64,
+    pub ms_per_mib: f64,
+}
+
+/// How tokenizing time grows with the input, 1 KiB to 4 MiB (the body limit): one word of one
+/// letter (`aaaa…`, the hostile case), one word of random letters, and ordinary text (words
+/// never seen before). Near-linear means ms per MiB stays flat; [`slope`] fits the exponent.
+pub fn tokenize_scaling(bundle: &ModelBundle) -> anyhow::Result<Vec<ScalingRow>> {
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut letter = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        char::from(b'a' + (x % 26) as u8)
+    };
+    let max = 4usize << 20;
+    let random: String = (0..max).map(|_| letter()).collect();
+    // ordinary text: words of random letters, so neither the word cache nor a segment's helps
+    let mut words = String::with_capacity(max);
+    let mut i = 0;
+    while words.len() < max {
+        let len = 2 + (i * 7919) % 9;
+        words.push_str(&random[i % (max - 16)..][..len]);
+        words.push(' ');
+        i += len;
+    }
+    let mut rows = Vec::new();
+    for (input, source) in [
+        ("one word aaaa…", "a".repeat(max)),
+        ("one word of random letters", random),
+        ("words of random letters", words),
+    ] {
+        let mut bytes = 1024;
+        while bytes <= max {
+            let text = source.get(..bytes).unwrap_or(&source);
+            let t = Instant::now();
+            std::hint::black_box(bundle.tokenizer().encode(text)?);
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            rows.push(ScalingRow {
+                input,
+                bytes,
+                ms,
+                ms_per_mib: ms * (1 << 20) as f64 / bytes as f64,
+            });
+            bytes *= 4;
+        }
+    }
+    Ok(rows)
+}
+
+/// The exponent `k` of time ∝ size^k, fitted (least squares on logs) over one input's rows
+/// from 64 KiB up (smaller ones are dominated by fixed costs): 1 is linear, 2 quadratic.
+pub fn slope(rows: &[ScalingRow], input: &str) -> f64 {
+    let pts: Vec<(f64, f64)> = rows
+        .iter()
+        .filter(|r| r.input == input && r.bytes >= 64 << 10 && r.ms > 0.0)
+        .map(|r| ((r.bytes as f64).ln(), r.ms.ln()))
+        .collect();
+    let n = pts.len() as f64;
+    let (sx, sy) = pts.iter().fold((0.0, 0.0), |(a, b), (x, y)| (a + x, b + y));
+    let (mx, my) = (sx / n, sy / n);
+    let (num, den) = pts.iter().fold((0.0, 0.0), |(a, b), (x, y)| {
+        (a + (x - mx) * (y - my), b + (x - mx) * (x - mx))
+    });
+    num / den
+}

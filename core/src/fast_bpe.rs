@@ -91,7 +91,24 @@ struct Scratch {
     ids: Vec<u32>,
     /// `ranks[i]`: (rank, merged id) of `ids[i]` and `ids[i + 1]`
     ranks: Vec<(u32, u32)>,
+    /// long words ([`FastBpe::bpe_heap`]): each symbol's successor and predecessor, and the
+    /// candidate pairs as rank << 32 | position
+    next: Vec<u32>,
+    prev: Vec<u32>,
+    heap: std::collections::BinaryHeap<std::cmp::Reverse<u64>>,
 }
+
+/// (rank, merged id) of a pair the vocabulary does not merge.
+const NO_MERGE: (u32, u32) = (u32::MAX, u32::MAX);
+
+/// Words up to this many bytes are merged by rescanning their pairs (fastest for the short
+/// words text is made of); longer ones by a heap ([`FastBpe::bpe_heap`]), whose cost grows
+/// as `n log n` instead of `n²`.
+const SCAN_MAX_BYTES: usize = 64;
+
+/// Longest word kept in the word cache (the map's entry count is bounded, this bounds its
+/// bytes).
+const WORD_KEEP_MAX_BYTES: usize = 1024;
 
 /// Keys of things seen once, in a fixed table: a key goes to one slot, replacing whatever was
 /// there, so a stream of things that never repeat costs one store each, with no allocation
@@ -880,7 +897,9 @@ impl FastBpe {
             None => {
                 self.bpe(word, &mut cache.scratch);
                 out.extend_from_slice(&cache.scratch.ids);
-                if cache.seen_once.note(Recall::key(word)) {
+                // a long word is merged in n log n and kept nowhere: kept, a hostile
+                // client's distinct 1 MiB words would each hold a map entry
+                if word.len() <= WORD_KEEP_MAX_BYTES && cache.seen_once.note(Recall::key(word)) {
                     let ids = match *cache.scratch.ids {
                         [id] => WordIds::One(id),
                         ref ids => WordIds::Many(ids.into()),
@@ -917,26 +936,33 @@ impl FastBpe {
     }
 
     /// Byte-level BPE of one word: merge the lowest-ranked adjacent pair (leftmost on ties)
-    /// until none applies. Each pair's rank is looked up once and kept beside it; a merge
-    /// looks up only the two pairs it changes (as tiktoken does). Looking up every pair again
-    /// after each merge cost a word its length squared in map lookups, which shows on text
-    /// whose words are new, such as prompts decoded from random token ids (inference-perf's):
-    /// natively a new 64-token random question went from 67 to 41 µs p50 (README, filter
-    /// overhead).
+    /// until none applies. Short words (nearly all) scan their pairs after each merge: each
+    /// pair's rank is looked up once and kept beside it, and a merge looks up only the two
+    /// pairs it changes (as tiktoken does; looking every pair up again cost a new 64-token
+    /// random question 67 → 41 µs p50 natively). That scan is quadratic in the word's length,
+    /// so a word longer than [`SCAN_MAX_BYTES`] (a hostile prompt's one 1 MiB "word") takes
+    /// [`FastBpe::bpe_heap`] instead: the same merges in the same order, `O(n log n)`.
     fn bpe(&self, word: &str, scratch: &mut Scratch) {
-        let Scratch { ids, ranks } = scratch;
         // a byte whose character the vocabulary lacks is dropped, as `tokenizers` does for
         // a BPE model without an unknown token (its neighbours may then merge)
-        ids.clear();
-        ids.extend(
+        scratch.ids.clear();
+        scratch.ids.extend(
             word.bytes()
                 .map(|b| self.byte_ids[b as usize])
                 .filter(|&id| id != u32::MAX),
         );
-        const NONE: (u32, u32) = (u32::MAX, u32::MAX);
-        let pair = |a: u32, b: u32| self.merges.get(&(a, b)).copied().unwrap_or(NONE);
+        if scratch.ids.len() > SCAN_MAX_BYTES {
+            self.bpe_heap(scratch)
+        } else {
+            self.bpe_scan(scratch)
+        }
+    }
+
+    /// [`FastBpe::bpe`] by rescanning the pairs after each merge.
+    fn bpe_scan(&self, scratch: &mut Scratch) {
+        let Scratch { ids, ranks, .. } = scratch;
         ranks.clear();
-        ranks.extend(ids.windows(2).map(|w| pair(w[0], w[1])));
+        ranks.extend(ids.windows(2).map(|w| self.pair(w[0], w[1])));
         loop {
             let mut at = None;
             let mut best = u32::MAX;
@@ -951,12 +977,97 @@ impl FastBpe {
             ids.remove(i + 1);
             ranks.remove(i);
             if i > 0 {
-                ranks[i - 1] = pair(ids[i - 1], ids[i]);
+                ranks[i - 1] = self.pair(ids[i - 1], ids[i]);
             }
             if i < ranks.len() {
-                ranks[i] = pair(ids[i], ids[i + 1]);
+                ranks[i] = self.pair(ids[i], ids[i + 1]);
             }
         }
+    }
+
+    /// (rank, merged id) of the pair `a b`, or [`NO_MERGE`].
+    fn pair(&self, a: u32, b: u32) -> (u32, u32) {
+        self.merges.get(&(a, b)).copied().unwrap_or(NO_MERGE)
+    }
+
+    /// [`FastBpe::bpe`] for long words: the symbols form a linked list over their first
+    /// byte's position and every candidate pair waits in a min-heap keyed (rank, position),
+    /// so the next merge is the heap's top, leftmost on ties exactly as the scan picks it.
+    /// A merge pushes the (at most two) pairs it creates; an entry a merge made stale is
+    /// skipped when it surfaces: the pair now at its position has another rank (a rank names
+    /// one pair of ids, and a position's ids only grow, so a pair never comes back). Entries
+    /// are one `u64` and the links `u32`s: the heap of a 4 MiB word is its working set, and
+    /// halving it measured faster. `scratch.ids` holds the word's byte ids on entry and its
+    /// token ids on return.
+    fn bpe_heap(&self, scratch: &mut Scratch) {
+        use std::cmp::Reverse;
+        const GONE: u32 = u32::MAX;
+        let Scratch {
+            ids,
+            next,
+            prev,
+            heap,
+            ..
+        } = scratch;
+        let Ok(n) = u32::try_from(ids.len()) else {
+            // over 4 GiB in one word: never within a request's limits
+            return self.bpe_scan(scratch);
+        };
+        let key = |rank: u32, at: u32| Reverse(u64::from(rank) << 32 | u64::from(at));
+        // next[i]: the symbol after the one starting at i (n: none); prev[i]: before it (GONE:
+        // none); a merged-away symbol's id becomes GONE
+        next.clear();
+        next.extend(1..=n);
+        prev.clear();
+        prev.extend((0..n).map(|i| i.checked_sub(1).unwrap_or(GONE)));
+        heap.clear();
+        heap.extend(
+            ids.windows(2)
+                .zip(0..)
+                .map(|(w, i)| (self.pair(w[0], w[1]).0, i))
+                .filter(|&(rank, _)| rank != u32::MAX)
+                .map(|(rank, i)| key(rank, i)),
+        );
+        let at = |v: &Vec<u32>, i: u32| v.get(i as usize).copied();
+        while let Some(Reverse(top)) = heap.pop() {
+            let (rank, i) = ((top >> 32) as u32, top as u32);
+            let Some(j) = at(next, i) else { continue };
+            let (Some(a), Some(b)) = (at(ids, i), at(ids, j)) else {
+                continue;
+            };
+            let (now, merged) = self.pair(a, b);
+            if now != rank || a == GONE {
+                continue; // stale
+            }
+            let k = at(next, j).unwrap_or(n);
+            if let Some(x) = ids.get_mut(i as usize) {
+                *x = merged;
+            }
+            if let Some(y) = ids.get_mut(j as usize) {
+                *y = GONE;
+            }
+            if let Some(x) = next.get_mut(i as usize) {
+                *x = k;
+            }
+            if let Some(p) = prev.get_mut(k as usize) {
+                *p = i;
+            }
+            if let Some(l) = at(prev, i).filter(|&l| l != GONE) {
+                if let Some(left) = at(ids, l) {
+                    let (r, _) = self.pair(left, merged);
+                    if r != u32::MAX {
+                        heap.push(key(r, l));
+                    }
+                }
+            }
+            if let Some(c) = at(ids, k) {
+                let (r, _) = self.pair(merged, c);
+                if r != u32::MAX {
+                    heap.push(key(r, i));
+                }
+            }
+        }
+        ids.retain(|&id| id != GONE);
     }
 }
 
@@ -991,6 +1102,50 @@ pub(crate) fn words(seed: u64, n: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Both merge loops on one word's bytes.
+    fn scan_and_heap(t: &FastBpe, word: &str) -> (Vec<u32>, Vec<u32>) {
+        let mut scratch = Scratch::default();
+        let mut run = |heap: bool| {
+            scratch.ids.clear();
+            scratch
+                .ids
+                .extend(word.bytes().map(|b| t.byte_ids[b as usize]));
+            if heap {
+                t.bpe_heap(&mut scratch);
+            } else {
+                t.bpe_scan(&mut scratch);
+            }
+            scratch.ids.clone()
+        };
+        (run(false), run(true))
+    }
+
+    #[test]
+    fn the_heap_merges_exactly_as_the_scan() {
+        let t = smollm2();
+        // letters that merge into many tokens of every length, runs of one letter (ties
+        // between equal pairs), digits, multi-byte characters
+        let alphabet = [
+            "a", "aa", "b", "e", "th", "in", "er", "x", "0", "1", "é", "日", "ing", "tion",
+        ];
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for len in 1..400 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let word: String = (0..len)
+                .map(|i| alphabet[((x >> (i % 60)) as usize + i) % alphabet.len()])
+                .collect();
+            let (scan, heap) = scan_and_heap(&t, &word);
+            assert_eq!(scan, heap, "{word:?}");
+        }
+        for word in ["a".repeat(1000), "ab".repeat(777), "日本".repeat(300)] {
+            let (scan, heap) = scan_and_heap(&t, &word);
+            assert_eq!(scan, heap, "{word:?}");
+            assert!(heap.len() <= word.len() / 2, "merged: {}", heap.len());
+        }
+    }
 
     #[test]
     fn byte_map_is_gpt2() {

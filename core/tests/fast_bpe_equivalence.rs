@@ -216,3 +216,8 @@ fn random_token_texts_match() {
         check(&t, &t.decode(&ids).unwrap());
     }
 }
+
+#[test]
+fn long_words_match() {
+    common::check_long_words("SmolLM2", &tokenizer());
+}

@@ -230,3 +230,10 @@ fn long_texts_cut_into_chunks_match() {
         common::check_long_random(f, &t, 0x005e_ed0f_c4a2 ^ (i as u64) << 9, 600);
     }
 }
+
+#[test]
+fn long_words_match() {
+    for f in FAMILIES {
+        common::check_long_words(f, &tokenizer(f));
+    }
+}

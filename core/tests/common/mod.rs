@@ -102,3 +102,37 @@ pub fn check_long_random(what: &str, t: &Tokenizer, seed: u64, count: usize) {
         check(what, t, &text);
     }
 }
+
+/// Texts made of very long words (1 KiB to 64 KiB: a hostile prompt's one-word "aaaa…", a
+/// run of random letters, of multi-byte characters, of digits, a base64-like blob), each
+/// alone and between ordinary words: the merges of a long word run on a heap, not the scan.
+pub fn check_long_words(what: &str, t: &Tokenizer) {
+    let mut next = xorshift(0x5eed_1234_abcd_0001);
+    let letters: String = (0..65_536)
+        .map(|_| char::from(b'a' + (next() % 26) as u8))
+        .collect();
+    let blob: String = (0..65_536)
+        .map(|_| {
+            const B64: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+            char::from(B64[(next() % 64) as usize])
+        })
+        .collect();
+    for len in [1024usize, 4096, 16_384, 65_536] {
+        let words = [
+            "a".repeat(len),
+            letters[..len].to_owned(),
+            "日本語".repeat(len / 9),
+            "0123456789".repeat(len / 10),
+            blob[..len].to_owned(),
+            "ab".repeat(len / 2),
+        ];
+        for w in &words {
+            check(what, t, w);
+            check(
+                what,
+                t,
+                &format!("The runbook says {w} and then {w}, twice."),
+            );
+        }
+    }
+}
