@@ -314,6 +314,8 @@ struct AddedTokens {
     matcher: AhoCorasick,
     /// pattern index → token id
     ids: Vec<u32>,
+    /// bytes of the longest one
+    longest: usize,
 }
 
 /// How text is cut into words before BPE.
@@ -614,10 +616,49 @@ impl FastBpe {
                         .build(added.iter().map(|(s, _)| s.as_str()))
                         .ok()?,
                     ids: added.iter().map(|(_, id)| *id).collect(),
+                    longest: added.iter().map(|(s, _)| s.len()).max().unwrap_or(0),
                 })
             },
             cache: Mutex::new(Memo::default()),
         })
+    }
+
+    /// The longest prefix of `text`, at most `max` bytes, whose ids are exactly the first ids
+    /// of `text`'s: it ends at the text's end or right before a safe space (the rule of
+    /// [`chunk_end`]) that no added token's match crosses. Empty when there is none: a text
+    /// of one long word has no cut. Linear in the bytes it looks at (from `max` backwards).
+    pub fn safe_prefix<'t>(&self, text: &'t str, max: usize) -> &'t str {
+        if text.len() <= max {
+            return text;
+        }
+        let b = text.as_bytes();
+        let longest_added = self.added.as_ref().map_or(0, |a| a.longest);
+        let mut end = max.min(b.len());
+        while let Some(i) = b.get(..end).and_then(|head| memchr::memrchr(b' ', head)) {
+            end = i;
+            let (Some(&before), Some(&next)) =
+                (i.checked_sub(1).and_then(|j| b.get(j)), b.get(i + 1))
+            else {
+                continue;
+            };
+            if !next.is_ascii_alphabetic() || !before.is_ascii() || before.is_ascii_whitespace() {
+                continue;
+            }
+            // an added token matched across the cut would be lost to the prefix
+            let crosses = self.added.as_ref().is_some_and(|a| {
+                let from = i.saturating_sub(2 * longest_added);
+                let to = (i + longest_added).min(b.len());
+                text.get(from..to).is_some_and(|window| {
+                    a.matcher
+                        .find_iter(window)
+                        .any(|m| from + m.start() < i && from + m.end() > i)
+                })
+            });
+            if !crosses {
+                return text.get(..i).unwrap_or_default();
+            }
+        }
+        ""
     }
 
     /// One past the largest token id.
@@ -1145,6 +1186,29 @@ mod tests {
             assert_eq!(scan, heap, "{word:?}");
             assert!(heap.len() <= word.len() / 2, "merged: {}", heap.len());
         }
+    }
+
+    #[test]
+    fn a_safe_prefix_encodes_to_the_whole_texts_first_ids() {
+        let t = smollm2();
+        let text = format!(
+            "<|im_start|>system\n{}<|im_end|>\n<|im_start|>user\n{} {} x<|im_end|>",
+            words(3, 400),
+            "b".repeat(5000),
+            words(4, 200)
+        );
+        let whole = t.encode(&text);
+        let mut cuts = 0;
+        for max in (0..text.len() + 10).step_by(37) {
+            let prefix = t.safe_prefix(&text, max);
+            assert!(prefix.len() <= max || prefix.len() == text.len());
+            let ids = t.encode(prefix);
+            assert_eq!(ids, whole[..ids.len()], "{max}");
+            cuts += usize::from(!prefix.is_empty() && prefix.len() < text.len());
+        }
+        assert!(cuts > 20, "{cuts}");
+        // one long word has no cut
+        assert_eq!(t.safe_prefix(&"a".repeat(10_000), 5000), "");
     }
 
     #[test]

@@ -188,6 +188,20 @@ impl ModelBundle {
     /// The prompt, rendered, to tokenize and hash only as deep as asked
     /// ([`PromptBlocks::extend_to`]); every client error is found here already.
     pub fn blocks<'a>(&'a self, req: &'a InferenceRequest) -> Result<PromptBlocks<'a>, ApiError> {
+        self.blocks_within(req, usize::MAX)
+    }
+
+    /// [`ModelBundle::blocks`] for a router, which reads at most `read_limit` bytes of the
+    /// prompt's text ([`PromptBlocks::read_at_most`]): exact up to a safe cut on the fast
+    /// path; with another tokenizer the text is cut at the last whitespace before the limit,
+    /// so the last block read may differ from the whole prompt's (a miss, never a wrong
+    /// answer). Token-id prompts are not cut: the body limit bounds them, and they cost no
+    /// tokenizing.
+    pub fn blocks_within<'a>(
+        &'a self,
+        req: &'a InferenceRequest,
+        read_limit: usize,
+    ) -> Result<PromptBlocks<'a>, ApiError> {
         self.check_model(req)?;
         // non-text parts are not in the rendered text: they seed the hashes, so a prompt
         // with the same image hashes alike and one with another image does not
@@ -202,14 +216,16 @@ impl ModelBundle {
         let root = root_hash(&self.hash_seed(req), salt.as_deref());
         let whole = |tokens| Ok(PromptBlocks::whole(tokens, root, self.block_size));
         let lazy = |fast, text, specials: &'a Specials| {
-            Ok(PromptBlocks::lazy(
+            let mut p = PromptBlocks::lazy(
                 fast,
                 text,
                 &specials.before,
                 &specials.after,
                 root,
                 self.block_size,
-            ))
+            );
+            p.read_at_most(read_limit);
+            Ok(p)
         };
         // a batch is routed on its first prompt
         let mut prompt = &req.prompt;
@@ -226,12 +242,14 @@ impl ModelBundle {
                 self.tokenizer.specials(),
             ),
             (PromptInput::Text(text), None) => {
-                whole(self.tokenizer.encode_with_specials(text).map_err(|e| {
+                let (text, stopped) = cut_at_space(text, read_limit);
+                let tokens = self.tokenizer.encode_with_specials(text).map_err(|e| {
                     ApiError::invalid(
                         format!("prompt could not be tokenized: {e}"),
                         Some("prompt"),
                     )
-                })?)
+                })?;
+                whole(tokens).map(|p| p.stopped_at(stopped))
             }
             (PromptInput::TokenIds(ids), _) => {
                 let vocab = self.tokenizer.vocab_size();
@@ -253,7 +271,10 @@ impl ModelBundle {
                 let text = template.render(messages, &req.chat)?;
                 match fast {
                     Some(fast) => lazy(fast, Cow::Owned(text), &NO_SPECIALS),
-                    None => whole(self.encode(&text)?),
+                    None => {
+                        let (read, stopped) = cut_at_space(&text, read_limit);
+                        whole(self.encode(read)?).map(|p| p.stopped_at(stopped))
+                    }
                 }
             }
             (PromptInput::Batch(_), _) => whole(Vec::new()),
@@ -276,6 +297,21 @@ impl ModelBundle {
             )
         })
     }
+}
+
+/// `text` up to its last whitespace within `limit` bytes, and `(read, total)` bytes when
+/// that cut anything (the slow tokenizer path's read limit: [`ModelBundle::blocks_within`]).
+fn cut_at_space(text: &str, limit: usize) -> (&str, Option<(usize, usize)>) {
+    if text.len() <= limit {
+        return (text, None);
+    }
+    let head = &text[..text.floor_char_boundary(limit)];
+    let end = head
+        .char_indices()
+        .rev()
+        .find(|(_, c)| c.is_whitespace())
+        .map_or(0, |(i, _)| i);
+    (&text[..end], Some((end, text.len())))
 }
 
 /// `tokenizer.json` of a test tokenizer in which every character is a token (ids 0–255 for

@@ -18,6 +18,8 @@ use std::borrow::Cow;
 struct Pending<'a> {
     fast: &'a FastBpe,
     text: Cow<'a, str>,
+    /// Bytes of `text` to read: all of it, unless [`PromptBlocks::read_at_most`] cut it.
+    end: usize,
     at: Cursor,
     /// Tokens the post-processor appends once the text is done (e.g. an EOS).
     after: &'a [u32],
@@ -28,6 +30,9 @@ struct Pending<'a> {
 /// A prompt's tokens and chained block hashes so far; see the module docs.
 pub struct PromptBlocks<'a> {
     pending: Option<Pending<'a>>,
+    /// Reading stopped short of the text's end ([`PromptBlocks::read_at_most`]): bytes read,
+    /// and the text's length.
+    stopped: Option<(usize, usize)>,
     tokens: Vec<u32>,
     hashes: Vec<BlockHash>,
     root: BlockHash,
@@ -39,6 +44,7 @@ impl<'a> PromptBlocks<'a> {
     pub fn whole(tokens: Vec<u32>, root: BlockHash, block_size: BlockSize) -> Self {
         let mut p = PromptBlocks {
             pending: None,
+            stopped: None,
             tokens,
             hashes: Vec::new(),
             root,
@@ -60,11 +66,13 @@ impl<'a> PromptBlocks<'a> {
         let mut p = PromptBlocks {
             pending: Some(Pending {
                 fast,
+                end: text.len(),
                 text,
                 at: Cursor::default(),
                 after,
                 before: before.len(),
             }),
+            stopped: None,
             tokens: before.to_vec(),
             hashes: Vec::new(),
             root,
@@ -82,14 +90,46 @@ impl<'a> PromptBlocks<'a> {
                 return;
             };
             let want = blocks.saturating_mul(self.block_size.get() as usize);
-            p.fast
-                .encode_from(&p.text, &mut p.at, want, &mut self.tokens);
-            if p.at.pos >= p.text.len() {
-                self.tokens.extend_from_slice(p.after);
+            let text = p.text.get(..p.end).unwrap_or_default();
+            p.fast.encode_from(text, &mut p.at, want, &mut self.tokens);
+            if p.at.pos >= p.end {
+                if p.end < p.text.len() {
+                    self.stopped = Some((p.end, p.text.len()));
+                } else {
+                    self.tokens.extend_from_slice(p.after);
+                }
                 self.pending = None;
             }
             self.hash_full_blocks();
         }
+    }
+
+    /// Reads at most `bytes` of the text, up to the last place before them where its ids
+    /// are exactly the whole text's first ids ([`FastBpe::safe_prefix`]): every block hashed
+    /// is then still one of the whole prompt's, and the work is bounded whatever the prompt
+    /// (one 4 MiB word is not read at all). A router calls this; the server, which must see
+    /// every token, does not. Tokens known whole are not cut.
+    pub fn read_at_most(&mut self, bytes: usize) {
+        if let Some(p) = self.pending.as_mut() {
+            if p.text.len() > bytes {
+                p.end = p.fast.safe_prefix(&p.text, bytes).len().max(p.at.pos);
+            }
+        }
+    }
+
+    /// The same prompt, marked as read only up to `read` of `total` bytes (a router that cut
+    /// the text before tokenizing it whole).
+    pub fn stopped_at(mut self, stopped: Option<(usize, usize)>) -> Self {
+        if self.pending.is_none() {
+            self.stopped = stopped;
+        }
+        self
+    }
+
+    /// `Some((read, total))` bytes of the text when reading stopped short of its end
+    /// ([`PromptBlocks::read_at_most`]).
+    pub fn stopped_short(&self) -> Option<(usize, usize)> {
+        self.stopped
     }
 
     fn hash_full_blocks(&mut self) {
@@ -107,7 +147,8 @@ impl<'a> PromptBlocks<'a> {
         self.hashes.truncate(blocks);
     }
 
-    /// Whether the whole prompt is tokenized.
+    /// Whether reading is over: the whole prompt is tokenized, or as much of it as
+    /// [`PromptBlocks::read_at_most`] allows ([`PromptBlocks::stopped_short`]).
     pub fn is_complete(&self) -> bool {
         self.pending.is_none()
     }
@@ -116,7 +157,15 @@ impl<'a> PromptBlocks<'a> {
     /// byte of the text so far.
     pub fn estimated_tokens(&self) -> usize {
         let Some(p) = &self.pending else {
-            return self.tokens.len();
+            return match self.stopped {
+                // the unread text at the read part's tokens per byte
+                Some((read, total)) => {
+                    let per_byte = self.tokens.len() as f64 / read.max(1) as f64;
+                    self.tokens.len()
+                        + (total.saturating_sub(read) as f64 * per_byte).ceil() as usize
+                }
+                None => self.tokens.len(),
+            };
         };
         let text_tokens = self.tokens.len().saturating_sub(p.before) as f64;
         let rest = p.text.len().saturating_sub(p.at.pos) as f64;
@@ -178,6 +227,41 @@ mod tests {
         let est = p.estimated_tokens() as f64;
         assert!((est / total as f64 - 1.0).abs() < 0.2, "{est} for {total}");
         assert_eq!(p.finish().tokens.len(), total);
+    }
+
+    #[test]
+    fn a_read_limit_keeps_the_whole_prompts_first_blocks_and_bounds_the_work() {
+        let fast = smollm2();
+        let root = root_hash("m", None);
+        let head = words(17, 300);
+        // a hostile middle: one 200 KiB word, then ordinary text again
+        let text = format!("{head} {} and then {}", "a".repeat(200_000), words(5, 300));
+        let whole = fast.encode(&text);
+        let expected = block_hashes(root, &whole, bs(16));
+        for limit in [10, 100, 1000, head.len() + 1, 150_000, text.len() - 10] {
+            let mut p = PromptBlocks::lazy(&fast, Cow::Borrowed(&text), &[], &[9], root, bs(16));
+            p.read_at_most(limit);
+            p.extend_to(usize::MAX);
+            let (read, total) = p.stopped_short().unwrap();
+            assert!(read <= limit && total == text.len(), "{limit}: {read}");
+            assert!(p.is_complete());
+            assert_eq!(p.hashes(), &expected[..p.hashes().len()], "{limit}");
+            if limit <= 200_000 + head.len() {
+                // nothing of the long word is read
+                assert!(read <= head.len(), "{limit}: {read}");
+            } else {
+                assert!(read > 200_000, "{limit}: {read}");
+            }
+            let est = p.estimated_tokens();
+            assert!(est > p.tokens.len(), "{limit}: {est}");
+        }
+        let mut p = PromptBlocks::lazy(&fast, Cow::Borrowed(&text), &[], &[9], root, bs(16));
+        p.read_at_most(text.len());
+        assert_eq!(
+            p.finish().tokens.len(),
+            whole.len() + 1,
+            "no cut: the whole prompt"
+        );
     }
 
     #[test]

@@ -73,6 +73,12 @@ pub struct RouterConfig {
     /// Largest request body the filter buffers; larger bodies get 413.
     #[serde(default = "default_max_body_bytes")]
     pub max_body_bytes: usize,
+    /// Most prompt tokens the router reads: set it to the pods' context length
+    /// (`--max-model-len`). Reading stops at a cut before `8 ×` this many bytes
+    /// ([`RouterConfig::read_limit_bytes`]), so no prompt costs the gateway more, and the
+    /// decision rests on the blocks before it (`x-prefix-router-prompt-read` says so).
+    #[serde(default = "default_max_prompt_tokens")]
+    pub max_prompt_tokens: usize,
     /// Add `x-prefix-router-*` response headers (pod, reason, matched blocks).
     #[serde(default)]
     pub debug_headers: bool,
@@ -189,6 +195,9 @@ fn default_model_name() -> String {
 fn default_max_body_bytes() -> usize {
     defaults::MAX_BODY_BYTES
 }
+fn default_max_prompt_tokens() -> usize {
+    defaults::MAX_PROMPT_TOKENS
+}
 fn default_table_capacity() -> u64 {
     DEFAULT_TABLE_CAPACITY
 }
@@ -210,6 +219,18 @@ pub(crate) fn err(field: &str, reason: impl Into<String>) -> ConfigError {
 }
 
 impl RouterConfig {
+    /// Bytes of prompt text the router reads at most (`max_prompt_tokens` ×
+    /// [`defaults::READ_BYTES_PER_TOKEN`]).
+    pub fn read_limit_bytes(&self) -> usize {
+        self.max_prompt_tokens
+            .saturating_mul(defaults::READ_BYTES_PER_TOKEN)
+    }
+
+    /// Full blocks of `max_prompt_tokens`: the deepest the router looks.
+    pub fn max_prompt_blocks(&self) -> usize {
+        (self.max_prompt_tokens / self.block_size.get() as usize).max(1)
+    }
+
     /// Parses and validates the plugin configuration bytes.
     pub fn parse(bytes: &[u8]) -> Result<Self, ConfigError> {
         let de = &mut serde_json::Deserializer::from_slice(bytes);
@@ -284,6 +305,9 @@ impl RouterConfig {
         }
         if !(64..=64 * 1024 * 1024).contains(&self.max_body_bytes) {
             return Err(err("max_body_bytes", "must be between 64 and 67108864"));
+        }
+        if !(1..=1 << 24).contains(&self.max_prompt_tokens) {
+            return Err(err("max_prompt_tokens", "must be between 1 and 16777216"));
         }
         if !(1..=16 * 1024 * 1024).contains(&self.table_capacity) {
             return Err(err("table_capacity", "must be between 1 and 16777216"));

@@ -36,6 +36,8 @@ pub struct RouterHttp<H: Host> {
     /// The decision, with the members it was made among.
     pub placed: Option<Placement>,
     prefix_hash: Option<String>,
+    /// `READ/TOTAL` bytes, when the prompt was read only in part
+    read_short: Option<String>,
     /// this request holds an in-flight slot on the chosen pod
     counted: bool,
     /// this request counts toward its prefix's demand (policy `cost`)
@@ -59,6 +61,7 @@ impl<H: Host> RouterHttp<H> {
             endpoint: None,
             placed: None,
             prefix_hash: None,
+            read_short: None,
             counted: false,
             demand_key: None,
             pending: None,
@@ -148,6 +151,10 @@ impl<H: Host> RouterHttp<H> {
                 model.metrics.route_time(took_us, routed.prepare_us);
                 model.metrics.hashed(routed.hashed_blocks);
                 self.prefix_hash = routed.prefix_hash.map(|h| h.to_hex());
+                if let Some((read, total)) = routed.read_short {
+                    model.metrics.read_short();
+                    self.read_short = Some(format!("{read}/{total}"));
+                }
                 self.counted = routed.counted;
                 self.demand_key = routed.demand_key;
                 self.pending = routed.pending;
@@ -268,6 +275,9 @@ impl<H: Host> RouterHttp<H> {
             );
             if let Some(h) = &self.prefix_hash {
                 set(debug::PREFIX_HASH, h);
+            }
+            if let Some(r) = &self.read_short {
+                set(debug::PROMPT_READ, r);
             }
         }
         Action::Continue
@@ -750,6 +760,30 @@ mod tests {
         assert_eq!(f.0.metric("prefix_router_served_by_fallback"), 1);
         assert!(!read_state(&*f.0, &s.router.keys, &chosen).0.healthy);
         assert_eq!(s.inflight(), [0, 0, 0], "the chosen pod's slot is released");
+    }
+
+    #[test]
+    fn a_prompt_past_the_read_limit_is_routed_on_what_was_read_and_says_so() {
+        let f = setup(r#""debug_headers":true,"max_prompt_tokens":64"#);
+        let prompt = format!("{} {}", "abcd ".repeat(60), "x".repeat(100_000));
+        let body = serde_json::json!({ "prompt": prompt }).to_string();
+        let mut s = stream(&f, &POST);
+        s.ctx.request_headers(false);
+        s.body(&body);
+        s.respond("200", true);
+        let h = |n| f.0.header(Headers::Response, n);
+        assert_eq!(h(debug::REASON).as_deref(), Some("cold"));
+        let read = h(debug::PROMPT_READ).unwrap();
+        let (done, total) = read.split_once('/').unwrap();
+        assert!(done.parse::<usize>().unwrap() <= 64 * 8, "{read}");
+        assert_eq!(total.parse::<usize>().unwrap(), prompt.len());
+        assert!(s.destination().is_some());
+        // a prompt within the limit says nothing
+        let mut s = stream(&f, &POST);
+        s.ctx.request_headers(false);
+        s.body(r#"{"prompt":"abcdefgh"}"#);
+        s.respond("200", true);
+        assert_eq!(f.0.header(Headers::Response, debug::PROMPT_READ), None);
     }
 
     #[test]

@@ -40,6 +40,7 @@ pub struct Metrics<H: Host> {
     reasons: Vec<Vec<Id>>,
     matched_blocks: Id,
     hashed_blocks: Id,
+    read_short: Id,
     table_entries: Id,
     table_replacements: Id,
     table_conflicts: Id,
@@ -85,6 +86,7 @@ impl<H: Host> Metrics<H> {
                 .collect(),
             matched_blocks: def(Counter, "prefix_router_matched_blocks"),
             hashed_blocks: def(Counter, "prefix_router_hashed_blocks"),
+            read_short: def(Counter, "prefix_router_prompts_read_in_part"),
             table_entries: def(Gauge, &stats::model_stat_name("table_entries", model)),
             table_replacements: def(Counter, "prefix_router_table_replacements"),
             table_conflicts: def(Counter, "prefix_router_table_conflicts"),
@@ -190,6 +192,11 @@ impl<H: Host> Metrics<H> {
     /// with debug headers (beside `matched_blocks`, how much tokenizing routing took).
     pub fn hashed(&self, blocks: usize) {
         self.inc(self.hashed_blocks, blocks as i64);
+    }
+
+    /// A prompt read only up to `max_prompt_tokens`' worth of text.
+    pub fn read_short(&self) {
+        self.inc(self.read_short, 1);
     }
 
     /// Cache events applied by the poller: stored blocks may fill ways, removed blocks empty

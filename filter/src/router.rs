@@ -110,6 +110,9 @@ pub struct Routed {
     /// Blocks recorded as the chosen pod's from a predicted time: [`Router::settle`] them when
     /// its answer starts, if that comes sooner.
     pub pending: Option<Pending>,
+    /// `Some((read, total))` bytes when the prompt was read only in part
+    /// (`max_prompt_tokens`): the decision rests on the blocks before `read`.
+    pub read_short: Option<(usize, usize)>,
 }
 
 /// Blocks recorded for a pod that is still to compute them ([`OwnershipTable::record`]).
@@ -320,8 +323,10 @@ impl Router {
         now: u64,
     ) -> Vec<(BlockHash, Owners)> {
         let mut looked_up = Vec::new();
+        let deepest = self.config.max_prompt_blocks();
         if self.config.debug_headers {
-            prompt.extend_to(usize::MAX);
+            prompt.extend_to(deepest);
+            prompt.truncate(deepest);
             return looked_up;
         }
         let healthy = |i: usize| fleet.loads.get(i).is_none_or(|l| l.healthy);
@@ -340,7 +345,11 @@ impl Router {
                 }
                 return looked_up;
             }
-            depth = depth.saturating_mul(2);
+            if depth >= deepest {
+                prompt.truncate(deepest);
+                return looked_up;
+            }
+            depth = depth.saturating_mul(2).min(deepest);
         }
     }
 
@@ -383,6 +392,7 @@ impl Router {
             prepare_us: 0,
             demand_key: None,
             pending: None,
+            read_short: None,
         })
     }
 
@@ -404,7 +414,8 @@ impl Router {
             return Ok(fallback(self));
         };
         let started = store.now_nanos();
-        let mut prompt = match bundle.blocks(req) {
+        // bounded work whatever the prompt: a hostile one-word megabyte is not read at all
+        let mut prompt = match bundle.blocks_within(req, self.config.read_limit_bytes()) {
             Ok(p) => p,
             // the pod's own renderer decides: never reject what it may accept
             Err(e) if e.is_unrenderable() => return Ok(fallback(self)),
@@ -486,6 +497,7 @@ impl Router {
             prepare_us,
             demand_key,
             pending,
+            read_short: prompt.stopped_short(),
         }))
     }
 

@@ -18,6 +18,13 @@ pub const MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 /// Largest request body (bytes) buffered by the filter and read by the server.
 pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
 
+/// Prompt tokens a router reads by default (`max_prompt_tokens`): a long context's worth.
+pub const MAX_PROMPT_TOKENS: usize = 32_768;
+
+/// Bytes of prompt text a router reads per token of `max_prompt_tokens`: twice English's
+/// ~4, so an ordinary prompt is cut by its token limit, never by this.
+pub const READ_BYTES_PER_TOKEN: usize = 8;
+
 /// Environment variable naming the data directory, where `scripts/setup.sh` installs models.
 pub const DATA_DIR_ENV: &str = "PREFIX_ROUTER_DATA";
 

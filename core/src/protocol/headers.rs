@@ -24,4 +24,7 @@ pub mod debug {
     /// Hash of the prompt's last full block as the filter computed it: equal to the last of
     /// the server's `/tokenize` `block_hashes` when both tokenize and hash identically.
     pub const PREFIX_HASH: &str = "x-prefix-router-prefix-hash";
+    /// Present when the router stopped reading the prompt before its end
+    /// (`max_prompt_tokens`): `READ/TOTAL` bytes; the decision rests on the blocks read.
+    pub const PROMPT_READ: &str = "x-prefix-router-prompt-read";
 }
