@@ -115,6 +115,26 @@ impl ApiError {
     }
 
     /// Sets the machine-readable `code`.
+    /// 400 `context_length_exceeded`: the prompt has `tokens` tokens (`at_least`: a lower
+    /// bound, known before tokenizing all of it), more than the model's `max` (vLLM's words).
+    pub fn context_length(
+        max: usize,
+        tokens: usize,
+        at_least: bool,
+        endpoint: crate::request::Endpoint,
+    ) -> Self {
+        let param = match endpoint {
+            crate::request::Endpoint::Completions => "prompt",
+            crate::request::Endpoint::ChatCompletions => "messages",
+        };
+        let bound = if at_least { "at least " } else { "" };
+        ApiError::invalid(
+            format!("This model's maximum context length is {max} tokens; the prompt has {bound}{tokens} tokens."),
+            Some(param),
+        )
+        .with_code("context_length_exceeded")
+    }
+
     pub fn with_code(mut self, code: &'static str) -> Self {
         self.code = Some(code);
         self

@@ -340,6 +340,8 @@ pub struct Cursor {
 }
 
 pub struct FastBpe {
+    /// Most bytes of text one token can stand for (see [`FastBpe::min_tokens`]).
+    bytes_per_token_max: usize,
     split: Regex,
     splitter: Splitter,
     /// NFC-normalize the text between added tokens first (the `NFC` normalizer)
@@ -594,6 +596,16 @@ impl FastBpe {
                 u32::try_from(a["id"].as_u64()?).ok()?,
             ));
         }
+        // every token covers at least one byte and at most the longest token's; NFC may
+        // compose a few characters' bytes into one's (at most 3:1, Hangul jamo)
+        let longest = vocab
+            .keys()
+            .map(|k| k.chars().count())
+            .chain(added.iter().map(|(s, _)| s.len()))
+            .max()
+            .unwrap_or(1)
+            .max(1);
+        let bytes_per_token_max = longest * if nfc { 4 } else { 1 };
         let vocab_size = vocab
             .values()
             .chain(added.iter().map(|(_, id)| id))
@@ -602,6 +614,7 @@ impl FastBpe {
             .unwrap_or(0);
         Some(FastBpe {
             vocab_size,
+            bytes_per_token_max,
             split: Regex::new(&split).ok()?,
             splitter,
             nfc,
@@ -661,6 +674,18 @@ impl FastBpe {
         ""
     }
 
+    /// A lower bound of the tokens `text` encodes to, known without encoding it (one pass
+    /// over its bytes): a server can refuse a prompt far over its context at once. Its bytes
+    /// that have an id (a byte without one is dropped, so a text of such bytes is no tokens
+    /// at all), over the most bytes one token stands for.
+    pub fn min_tokens(&self, text: &str) -> usize {
+        let kept = text
+            .bytes()
+            .filter(|&b| self.byte_ids[b as usize] != u32::MAX)
+            .count();
+        kept.div_ceil(self.bytes_per_token_max)
+    }
+
     /// One past the largest token id.
     pub fn vocab_size(&self) -> usize {
         self.vocab_size
@@ -680,7 +705,23 @@ impl FastBpe {
     /// prompt only as far as it needs to; a segment finished over several calls is cached
     /// whole as if encoded in one.
     pub fn encode_from(&self, text: &str, cursor: &mut Cursor, want: usize, out: &mut Vec<u32>) {
-        let mut memo = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        // a thread that finds the memo in use encodes without it rather than wait: one long
+        // encode never holds up another request's (the server tokenizes on several threads)
+        let (mut guard, mut local);
+        let memo: &mut Memo = match self.cache.try_lock() {
+            Ok(g) => {
+                guard = g;
+                &mut guard
+            }
+            Err(std::sync::TryLockError::Poisoned(p)) => {
+                guard = p.into_inner();
+                &mut guard
+            }
+            Err(std::sync::TryLockError::WouldBlock) => {
+                local = Memo::default();
+                &mut local
+            }
+        };
         if memo.words.kept.len() > CACHE_LIMIT {
             memo.words.kept.clear();
         }
@@ -694,7 +735,7 @@ impl FastBpe {
             // a cursor is never inside one, so scanning from there finds the same ones
             for m in added.matcher.find_iter(rest) {
                 let (from, to) = (start + m.start(), start + m.end());
-                if !self.encode_memo(text, from, cursor, &mut memo, out, want) {
+                if !self.encode_memo(text, from, cursor, memo, out, want) {
                     return;
                 }
                 if let Some(&id) = added.ids.get(m.pattern().as_usize()) {
@@ -710,7 +751,7 @@ impl FastBpe {
                 }
             }
         }
-        self.encode_memo(text, text.len(), cursor, &mut memo, out, want);
+        self.encode_memo(text, text.len(), cursor, memo, out, want);
     }
 
     /// The rest of one segment between added tokens, `text[cursor.pos..end]` (the segment
@@ -1209,6 +1250,18 @@ mod tests {
         assert!(cuts > 20, "{cuts}");
         // one long word has no cut
         assert_eq!(t.safe_prefix(&"a".repeat(10_000), 5000), "");
+    }
+
+    #[test]
+    fn a_text_is_at_least_its_bytes_over_the_longest_token() {
+        let t = smollm2();
+        let text = "a".repeat(81 * 1000);
+        let bound = t.min_tokens(&text);
+        assert_eq!(bound, 1000, "SmolLM2's longest token is 81 bytes");
+        assert!(t.encode(&text).len() >= bound);
+        // bytes without an id are no tokens: they do not count
+        assert_eq!(t.min_tokens("\u{4}\u{4}\u{4}"), 0);
+        assert_eq!(t.encode("\u{4}\u{4}\u{4}"), Vec::<u32>::new());
     }
 
     #[test]

@@ -185,6 +185,27 @@ impl ModelBundle {
         Ok(self.blocks(req)?.finish())
     }
 
+    /// [`ModelBundle::prepare`] for a server whose context holds `max_tokens`: a prompt that
+    /// is surely longer ([`PromptBlocks::min_tokens`], known before tokenizing) is refused
+    /// at once, so a megabyte prompt costs its parse, not its tokenizing.
+    pub fn prepare_within(
+        &self,
+        req: &InferenceRequest,
+        max_tokens: usize,
+    ) -> Result<PreparedPrompt, ApiError> {
+        let blocks = self.blocks(req)?;
+        let at_least = blocks.min_tokens();
+        if at_least > max_tokens {
+            return Err(ApiError::context_length(
+                max_tokens,
+                at_least,
+                true,
+                req.endpoint,
+            ));
+        }
+        Ok(blocks.finish())
+    }
+
     /// The prompt, rendered, to tokenize and hash only as deep as asked
     /// ([`PromptBlocks::extend_to`]); every client error is found here already.
     pub fn blocks<'a>(&'a self, req: &'a InferenceRequest) -> Result<PromptBlocks<'a>, ApiError> {

@@ -173,6 +173,16 @@ impl<'a> PromptBlocks<'a> {
         self.tokens.len() + (rest * per_byte).ceil() as usize + p.after.len()
     }
 
+    /// A lower bound of the whole prompt's tokens, known without tokenizing the rest
+    /// ([`FastBpe::min_tokens`]): the tokens so far, then the rest's bound.
+    pub fn min_tokens(&self) -> usize {
+        let Some(p) = &self.pending else {
+            return self.tokens.len();
+        };
+        let rest = p.text.get(p.at.pos..).unwrap_or_default();
+        self.tokens.len() + p.fast.min_tokens(rest) + p.after.len()
+    }
+
     /// The whole prompt, tokenized and hashed.
     pub fn finish(mut self) -> PreparedPrompt {
         self.extend_to(usize::MAX);

@@ -31,6 +31,11 @@ impl Admission {
         self.waiting.load(Ordering::Relaxed)
     }
 
+    /// No running slot is free and the line is full: a request now would get 429.
+    pub fn is_full(&self) -> bool {
+        self.running.available_permits() == 0 && self.waiting() >= self.max_waiting
+    }
+
     /// Takes a running slot, waiting in line if needed; `on_wait_change` reports the line length.
     pub async fn enter(&self, on_wait_change: impl Fn(usize)) -> Result<Slot, QueueFull> {
         if let Ok(p) = Arc::clone(&self.running).try_acquire_owned() {

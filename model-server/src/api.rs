@@ -14,7 +14,7 @@ use axum::{Json, Router};
 use futures::StreamExt;
 use prefix_core::protocol::{headers, LoadReport, EVENTS_PATH};
 use prefix_core::request::{parse_request, Endpoint, InferenceRequest, PromptInput};
-use prefix_core::ApiError;
+use prefix_core::{ApiError, PreparedPrompt};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Instant;
@@ -126,6 +126,77 @@ async fn models(State(s): State<Arc<AppState>>) -> Json<Value> {
     Json(json!({"object": "list", "data": data}))
 }
 
+/// Bodies over this many bytes wait for a turn to be tokenized ([`AppState::large_turns`]).
+const LARGE_BODY_BYTES: usize = 64 * 1024;
+
+/// Parses, renders and tokenizes a request on a blocking thread, never on an async worker.
+/// Large bodies take turns, fewer than the cores, so however many arrive at once a core is
+/// left for the small requests, which never wait for a turn.
+async fn prepare_off_workers(
+    s: &Arc<AppState>,
+    endpoint: Endpoint,
+    body: Bytes,
+) -> Result<Vec<(InferenceRequest, PreparedPrompt)>, ApiError> {
+    let _turn = large_turn(s, body.len()).await?;
+    let state = Arc::clone(s);
+    tokio::task::spawn_blocking(move || prepare(&state, endpoint, &body))
+        .await
+        .map_err(|e| ApiError::internal(format!("tokenizing failed: {e}")))?
+}
+
+/// A turn to tokenize a body of `bytes` bytes: `None` (no wait) for a small one.
+async fn large_turn(
+    s: &AppState,
+    bytes: usize,
+) -> Result<Option<tokio::sync::SemaphorePermit<'_>>, ApiError> {
+    if bytes <= LARGE_BODY_BYTES {
+        return Ok(None);
+    }
+    s.large_turns
+        .acquire()
+        .await
+        .map(Some)
+        .map_err(|_| ApiError::internal("the tokenizer pool is closed"))
+}
+
+/// A request's prompts, each checked against the context before any runs (a bad one rejects
+/// the batch, as in vLLM). A batch becomes one request per prompt without copying the batch
+/// into each.
+pub(crate) fn prepare(
+    s: &AppState,
+    endpoint: Endpoint,
+    body: &[u8],
+) -> Result<Vec<(InferenceRequest, PreparedPrompt)>, ApiError> {
+    let mut r = parse_request(endpoint, body)?;
+    let prompts = match std::mem::replace(&mut r.prompt, PromptInput::Batch(Vec::new())) {
+        PromptInput::Batch(prompts) => prompts,
+        one => vec![one],
+    };
+    let most = s.config.max_batch_prompts;
+    if prompts.len() > most {
+        return Err(ApiError::invalid(
+            format!(
+                "a request may hold at most {most} prompts (--max-batch-prompts); it has {}",
+                prompts.len()
+            ),
+            Some("prompt"),
+        ));
+    }
+    let max = s.config.max_model_len;
+    prompts
+        .into_iter()
+        .map(|prompt| {
+            let one = InferenceRequest {
+                prompt,
+                ..r.clone()
+            };
+            let p = s.bundle.prepare_within(&one, max)?;
+            pipeline::check_lengths(&s.config, &one, p.tokens.len())?;
+            Ok((one, p))
+        })
+        .collect()
+}
+
 /// Reads the body, refusing (413) anything over `limit` without buffering it.
 async fn read_body(req: Request, limit: usize) -> Result<Bytes, ApiError> {
     let declared = req
@@ -161,26 +232,32 @@ fn is_length_limit(e: &axum::Error) -> bool {
 async fn tokenize(State(s): State<Arc<AppState>>, req: Request) -> Response {
     let result = async {
         let body = read_body(req, s.config.max_body_bytes).await?;
-        // A body with `messages` is a chat request; anything else is a completions request.
-        let endpoint = match serde_json::from_slice::<Value>(&body) {
-            Ok(v) if v.get("messages").is_some() => Endpoint::ChatCompletions,
-            _ => Endpoint::Completions,
-        };
-        let r = parse_request(endpoint, &body)?;
-        let p = s.bundle.prepare(&r)?;
-        Ok::<_, ApiError>(Json(json!({
-            "model": s.bundle.name(),
-            "count": p.tokens.len(),
-            "max_model_len": s.config.max_model_len,
-            "block_size": s.bundle.block_size().get(),
-            "cache_salt": r.cache_salt,
-            "tokens": p.tokens,
-            "block_hashes": p.hashes,
-        })))
+        let _turn = large_turn(&s, body.len()).await?;
+        let state = Arc::clone(&s);
+        tokio::task::spawn_blocking(move || {
+            // A body with `messages` is a chat request; anything else is a completions request.
+            let endpoint = match serde_json::from_slice::<Value>(&body) {
+                Ok(v) if v.get("messages").is_some() => Endpoint::ChatCompletions,
+                _ => Endpoint::Completions,
+            };
+            let r = parse_request(endpoint, &body)?;
+            let p = state.bundle.prepare(&r)?;
+            Ok::<_, ApiError>(json!({
+                "model": state.bundle.name(),
+                "count": p.tokens.len(),
+                "max_model_len": state.config.max_model_len,
+                "block_size": state.bundle.block_size().get(),
+                "cache_salt": r.cache_salt,
+                "tokens": p.tokens,
+                "block_hashes": p.hashes,
+            }))
+        })
+        .await
+        .map_err(|e| ApiError::internal(format!("tokenizing failed: {e}")))?
     }
     .await;
     match result {
-        Ok(j) => j.into_response(),
+        Ok(j) => Json(j).into_response(),
         Err(e) => error_response(&e),
     }
 }
@@ -215,27 +292,18 @@ async fn inference(
 ) -> Result<Response, ApiError> {
     let started = Instant::now();
     let body = read_body(req, s.config.max_body_bytes).await?;
-    let r = parse_request(endpoint, &body)?;
-    // a batch is answered as vLLM does: one choice per prompt, in order
-    let requests = match &r.prompt {
-        PromptInput::Batch(prompts) => prompts
-            .iter()
-            .map(|p| InferenceRequest {
-                prompt: p.clone(),
-                ..r.clone()
-            })
-            .collect(),
-        _ => vec![r.clone()],
-    };
-    // every prompt is checked before any runs: a bad one rejects the batch, as in vLLM
-    let prompts = requests
-        .iter()
-        .map(|one| s.bundle.prepare(one))
-        .collect::<Result<Vec<_>, _>>()?;
+    if s.admission.is_full() {
+        // refused before any work, as it would be after it
+        return Err(ApiError::overloaded(
+            "the server's request queue is full; retry later",
+        ));
+    }
+    let work = prepare_off_workers(s, endpoint, body).await?;
+    let stream = work.first().is_some_and(|(r, _)| r.stream);
     let reply = openai::Reply::new(endpoint, s.bundle.name());
-    let n = requests.len();
-    let mut work = requests.into_iter().zip(prompts);
-    if !r.stream {
+    let n = work.len();
+    let mut work = work.into_iter();
+    if !stream {
         return openai::collect(reply, n, |_| {
             let next = work.next();
             async move {

@@ -69,6 +69,9 @@ pub struct Config {
     /// Longest prompt in tokens.
     #[arg(long, default_value_t = 8192)]
     pub max_model_len: usize,
+    /// Most prompts one completions request may batch (400 beyond).
+    #[arg(long, default_value_t = 1024)]
+    pub max_batch_prompts: usize,
     /// Largest request body in bytes (413 beyond).
     #[arg(long, default_value_t = defaults::MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
@@ -130,6 +133,9 @@ impl Config {
         }
         if self.max_model_len == 0 {
             return bad("max-model-len", "must be at least 1");
+        }
+        if self.max_batch_prompts == 0 {
+            return bad("max-batch-prompts", "must be at least 1");
         }
         if self.max_body_bytes < 64 {
             return bad("max-body-bytes", "must be at least 64");

@@ -6,9 +6,10 @@
 //! HTTP and OpenAI response shapes are not here ([`crate::api`], [`crate::openai`]): this is
 //! what a request costs the pod, whatever shape it is answered in.
 
+use crate::config::Config;
 use crate::engine::{Emitted, EngineError, FinishReason, GenerateRequest, KvBlock, StopStrings};
 use crate::state::AppState;
-use prefix_core::request::{Endpoint, InferenceRequest};
+use prefix_core::request::InferenceRequest;
 use prefix_core::{ApiError, PreparedPrompt};
 use std::sync::Arc;
 use std::time::Instant;
@@ -52,7 +53,7 @@ pub async fn serve(
     started: Instant,
 ) -> Result<mpsc::Receiver<Chunk>, ApiError> {
     let n_prompt = prompt.tokens.len();
-    check_context(s, req.endpoint, n_prompt)?;
+    check_lengths(&s.config, req, n_prompt)?;
 
     let metrics = &s.metrics;
     let slot = s
@@ -76,7 +77,7 @@ pub async fn serve(
     let gen = GenerateRequest {
         prompt_tokens: Arc::new(prompt.tokens),
         cached_tokens: cached,
-        max_tokens: req.max_tokens.unwrap_or(s.config.default_max_tokens),
+        max_tokens: max_new_tokens(&s.config, req, n_prompt),
         temperature: req.temperature,
         top_p: req.top_p,
         seed: req.seed,
@@ -154,19 +155,17 @@ pub async fn serve(
     Ok(out_rx)
 }
 
-/// The prompt must fit the model and hold at least one token.
-fn check_context(s: &AppState, endpoint: Endpoint, n_prompt: usize) -> Result<(), ApiError> {
-    let max = s.config.max_model_len;
+/// The prompt must fit the model and hold at least one token, and the tokens asked for must
+/// fit beside it (vLLM's rule: `prompt + max_tokens <= max_model_len`), so no request
+/// generates without end.
+pub(crate) fn check_lengths(
+    config: &Config,
+    req: &InferenceRequest,
+    n_prompt: usize,
+) -> Result<(), ApiError> {
+    let max = config.max_model_len;
     if n_prompt > max {
-        let param = match endpoint {
-            Endpoint::Completions => "prompt",
-            Endpoint::ChatCompletions => "messages",
-        };
-        return Err(ApiError::invalid(
-            format!("This model's maximum context length is {max} tokens; the prompt has {n_prompt} tokens."),
-            Some(param),
-        )
-        .with_code("context_length_exceeded"));
+        return Err(ApiError::context_length(max, n_prompt, false, req.endpoint));
     }
     if n_prompt == 0 {
         return Err(ApiError::invalid(
@@ -174,5 +173,28 @@ fn check_context(s: &AppState, endpoint: Endpoint, n_prompt: usize) -> Result<()
             Some("prompt"),
         ));
     }
+    if let Some(asked) = req.max_tokens.map(|m| m as usize) {
+        if n_prompt + asked > max {
+            return Err(ApiError::invalid(
+                format!(
+                    "'max_tokens' is too large: {asked}. This model's maximum context length is {max} tokens and your request has {n_prompt} input tokens ({asked} > {max} - {n_prompt})."
+                ),
+                Some("max_tokens"),
+            )
+            .with_code("context_length_exceeded"));
+        }
+    }
     Ok(())
+}
+
+/// Tokens to generate: what the request asks (checked to fit), or the server's default
+/// within what is left of the context.
+fn max_new_tokens(config: &Config, req: &InferenceRequest, n_prompt: usize) -> u32 {
+    req.max_tokens.unwrap_or_else(|| {
+        let left = config.max_model_len.saturating_sub(n_prompt);
+        config
+            .default_max_tokens
+            .min(u32::try_from(left).unwrap_or(u32::MAX))
+            .max(1)
+    })
 }

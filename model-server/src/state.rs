@@ -18,6 +18,9 @@ pub struct AppState {
     pub cache: Arc<Cache>,
     pub engine: Arc<dyn Engine>,
     pub admission: Admission,
+    /// Turns to tokenize a large body on a blocking thread: one fewer than the cores (at
+    /// least one), so small requests always find a core ([`crate::api`]).
+    pub large_turns: tokio::sync::Semaphore,
     pub metrics: Metrics,
 }
 
@@ -97,6 +100,10 @@ impl AppState {
                 engine.needs_kv(),
             ),
             admission: Admission::new(config.max_num_seqs, config.max_waiting),
+            large_turns: tokio::sync::Semaphore::new(
+                std::thread::available_parallelism()
+                    .map_or(1, |n| n.get().saturating_sub(1).max(1)),
+            ),
             pod,
             bundle,
             engine,

@@ -457,3 +457,99 @@ async fn cache_events_endpoint() {
     assert_eq!(v["snapshot"].as_array().unwrap().len(), 2);
     s.shutdown().await;
 }
+
+/// Requests that would make a pod work without bound are refused up front with vLLM's
+/// words, and a prompt far over the context is refused before it is tokenized.
+#[tokio::test]
+async fn unbounded_work_is_refused_with_the_numbers() {
+    let s = start(&["--max-model-len", "300", "--max-batch-prompts", "4"]).await;
+    // prompt + max_tokens over the context: 400 naming every number
+    let (st, v, _) = s
+        .post(
+            "/v1/completions",
+            &json!({"prompt": "hello there", "max_tokens": 4_000_000_000u64}),
+        )
+        .await;
+    assert_eq!(st, 400, "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("4000000000") && msg.contains("300") && msg.contains("input tokens"),
+        "{msg}"
+    );
+    assert_eq!(v["error"]["param"], "max_tokens");
+    assert_eq!(v["error"]["code"], "context_length_exceeded");
+    // one that fits is served, and without max_tokens the default fits what is left
+    let (st, v, _) = s
+        .post(
+            "/v1/completions",
+            &json!({"prompt": "hello there", "max_tokens": 280}),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    // batches beyond --max-batch-prompts
+    let (st, v, _) = s
+        .post(
+            "/v1/completions",
+            &json!({"prompt": ["a", "b", "c", "d", "e"]}),
+        )
+        .await;
+    assert_eq!(st, 400, "{v}");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("at most 4"));
+    // a one-word megabyte over a 300-token context: refused as at least N tokens
+    let (st, v, _) = s
+        .post("/v1/completions", &json!({"prompt": "a".repeat(1 << 20)}))
+        .await;
+    assert_eq!(st, 400, "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.contains("at least"), "{msg}");
+    assert_eq!(v["error"]["code"], "context_length_exceeded");
+    s.shutdown().await;
+}
+
+/// A prompt that takes long to tokenize (one 3 MiB word of random letters, under a context
+/// large enough that it must be tokenized) does not hold up a small request sent after it:
+/// the small one is answered while the large one is still in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_request_is_answered_while_a_huge_prompt_is_tokenized() {
+    let s = start(&["--max-model-len", "4000000"]).await;
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let word: String = (0..3 << 20)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            char::from(b'a' + (x % 26) as u8)
+        })
+        .collect();
+    let big = json!({"prompt": word, "max_tokens": 1})
+        .to_string()
+        .into_bytes();
+    let url = s.url("/v1/completions");
+    let huge = tokio::spawn(async move {
+        reqwest::Client::new()
+            .post(url)
+            .header("content-type", "application/json")
+            .body(big)
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+    });
+    // the big body is being read or tokenized once the server counts it in flight: the
+    // small request goes after it
+    let (st, v, _) = s
+        .post(
+            "/v1/completions",
+            &json!({"prompt": "a small request", "max_tokens": 1}),
+        )
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert!(
+        !huge.is_finished(),
+        "the huge prompt should still be in flight when the small one is answered"
+    );
+    assert_eq!(huge.await.unwrap().unwrap(), 200);
+    s.shutdown().await;
+}
