@@ -82,6 +82,11 @@ pub struct RouterConfig {
     /// Add `x-prefix-router-*` response headers (pod, reason, matched blocks).
     #[serde(default)]
     pub debug_headers: bool,
+    /// TESTS ONLY: a request carrying this header ends the filter's VM (a wasm trap), so a
+    /// test can prove that Envoy brings the filter back (`FAIL_RELOAD`). Never set it where
+    /// clients can reach the listener: any of them could then crash the filter.
+    #[serde(default)]
+    pub test_only_crash_header: Option<String>,
     /// Entries in the ownership table (four per shared-data key; memory stays bounded).
     #[serde(default = "default_table_capacity")]
     pub table_capacity: u64,

@@ -99,6 +99,11 @@ pub trait Host: Store {
     fn send_response(&self, status: u16, headers: &[(&str, &str)], body: &[u8]);
     /// The `ip:port` of the upstream that served the current stream (its last try), if any.
     fn upstream_address(&self) -> Option<String>;
+
+    /// Ends this VM at once, as a fault inside it would (a wasm trap): only for the
+    /// test-only crash trigger (`test_only_crash_header`), which proves Envoy brings the
+    /// filter back.
+    fn crash_vm(&self);
 }
 
 /// The real host: proxy-wasm host calls into Envoy.
@@ -224,6 +229,11 @@ mod envoy {
                 .flatten()
                 .and_then(|v| String::from_utf8(v).ok())
         }
+
+        fn crash_vm(&self) {
+            #[cfg(target_arch = "wasm32")]
+            core::arch::wasm32::unreachable();
+        }
     }
 }
 
@@ -281,6 +291,8 @@ pub mod fake {
         pub sent: RefCell<Option<Sent>>,
         /// What `upstream_address` answers for the current stream.
         pub upstream: RefCell<Option<String>>,
+        /// `crash_vm` was called.
+        pub crashed: Cell<bool>,
         /// Host calls made, by kind (what a request costs in crossings into Envoy).
         pub tally: RefCell<std::collections::BTreeMap<&'static str, u32>>,
     }
@@ -479,6 +491,10 @@ pub mod fake {
         fn upstream_address(&self) -> Option<String> {
             self.count("upstream_address");
             self.upstream.borrow().clone()
+        }
+
+        fn crash_vm(&self) {
+            self.crashed.set(true);
         }
     }
 }

@@ -176,6 +176,18 @@ impl<H: Host> RouterHttp<H> {
         if models.config.several {
             host.set_header(Headers::Request, headers::ROUTE_CLUSTER, None);
         }
+        if let Some(name) = models
+            .default_model()
+            .and_then(|m| m.router.config.test_only_crash_header.as_deref())
+        {
+            if host.header(Headers::Request, name).is_some() {
+                host.log(
+                    Level::Warn,
+                    "prefix-router: test-only crash header seen; ending the VM",
+                );
+                host.crash_vm();
+            }
+        }
         let header = |name| host.header(Headers::Request, name).unwrap_or_default();
         let (path, method) = (header(":path"), header(":method"));
         self.endpoint = Endpoint::from_path(&path).filter(|_| method == "POST");
@@ -784,6 +796,36 @@ mod tests {
         s.body(r#"{"prompt":"abcdefgh"}"#);
         s.respond("200", true);
         assert_eq!(f.0.header(Headers::Response, debug::PROMPT_READ), None);
+    }
+
+    #[test]
+    fn the_test_only_crash_header_ends_the_vm_only_when_configured() {
+        let f = setup(r#""test_only_crash_header":"x-crash""#);
+        let mut s = stream(&f, &[(":method", "GET"), (":path", "/v1/models")]);
+        s.ctx.request_headers(true);
+        assert!(!f.0.crashed.get());
+        let mut s = stream(
+            &f,
+            &[
+                (":method", "GET"),
+                (":path", "/v1/models"),
+                ("x-crash", "1"),
+            ],
+        );
+        s.ctx.request_headers(true);
+        assert!(f.0.crashed.get());
+        // not configured: the header means nothing
+        let f = setup("");
+        let mut s = stream(
+            &f,
+            &[
+                (":method", "GET"),
+                (":path", "/v1/models"),
+                ("x-crash", "1"),
+            ],
+        );
+        s.ctx.request_headers(true);
+        assert!(!f.0.crashed.get());
     }
 
     #[test]

@@ -69,6 +69,70 @@ pub struct EnvoySettings {
     /// own default (5 s) when `None`. Histograms show in the admin only once flushed, so the
     /// benchmark shortens it to read a short run's.
     pub stats_flush_interval: Option<String>,
+    /// Limits and timeouts of the inference listener ([`Limits`]).
+    pub limits: Limits,
+    /// Paths routed to the pods besides the OpenAI API's completions, chat and models (e.g.
+    /// `/v1/responses` where the pods serve it); everything else is 404 at Envoy.
+    pub extra_api_paths: Vec<String>,
+}
+
+/// How the gateway protects itself: connection and heap limits (Envoy's overload manager)
+/// and timeouts, each an Envoy duration (`300s`; `0s`: none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// The whole answer, streamed ones included.
+    pub route_timeout: String,
+    /// A stream that sends nothing for this long is ended.
+    pub stream_idle_timeout: String,
+    /// The whole request (headers and body) must arrive within this.
+    pub request_timeout: String,
+    /// Downstream connections open at once; more are refused.
+    pub max_connections: u64,
+    /// Envoy's heap: at 90 % it returns memory, at 95 % it stops accepting requests.
+    pub max_heap_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            route_timeout: "300s".into(),
+            stream_idle_timeout: "120s".into(),
+            request_timeout: "60s".into(),
+            max_connections: 10_000,
+            max_heap_bytes: 2 << 30,
+        }
+    }
+}
+
+/// The OpenAI inference paths every pool serves: routed to the pods.
+pub const API_PATHS: [&str; 3] = ["/v1/completions", "/v1/chat/completions", "/v1/models"];
+
+/// Envoy's answer to any other path (the pods' metrics, events and tokenize endpoints
+/// included): an OpenAI-style error.
+const NOT_FOUND_BODY: &str = r#"{"error":{"message":"not found: only the inference API is served here","type":"invalid_request_error","param":null,"code":"not_found"}}"#;
+
+/// One regular expression matching exactly these paths (query strings are not part of the
+/// path Envoy matches).
+fn paths_regex(extra: &[String]) -> String {
+    let alts: Vec<String> = API_PATHS
+        .iter()
+        .map(|p| (*p).to_owned())
+        .chain(extra.iter().cloned())
+        .map(|p| regex_escape(&p))
+        .collect();
+    format!("^({})$", alts.join("|"))
+}
+
+fn regex_escape(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| {
+            let special = "\\.+*?()|[]{}^$".contains(c);
+            special
+                .then_some('\\')
+                .into_iter()
+                .chain(std::iter::once(c))
+        })
+        .collect()
 }
 
 impl EnvoySettings {
@@ -102,6 +166,8 @@ impl EnvoySettings {
             poll_interval_ms: DEFAULT_POLL_INTERVAL_MS,
             extra: serde_json::Map::new(),
             stats_flush_interval: None,
+            limits: Limits::default(),
+            extra_api_paths: Vec::new(),
         }
     }
 
@@ -318,6 +384,11 @@ pub const TEMPLATE: &str = "envoy.yaml.j2";
 /// configuration exactly as the filter will (a bad value fails here, with the field named).
 pub fn render(settings: &EnvoySettings, template_dir: &Path) -> anyhow::Result<String> {
     settings.pools()?;
+    for p in &settings.extra_api_paths {
+        if !p.starts_with('/') || p.contains(['?', '#', ' ']) {
+            anyhow::bail!("inference path '{p}' must be a path starting with '/'");
+        }
+    }
     if settings.wasm.is_some() {
         PluginConfig::parse(settings.plugin_config().as_bytes())?;
     }
@@ -390,6 +461,13 @@ pub fn render_unchecked(settings: &EnvoySettings, template_dir: &Path) -> anyhow
     let yaml = env.get_template(TEMPLATE)?.render(json!({
         "admin_port": settings.admin_port,
         "stats_flush_interval": settings.stats_flush_interval,
+        "route_timeout": settings.limits.route_timeout,
+        "stream_idle_timeout": settings.limits.stream_idle_timeout,
+        "request_timeout": settings.limits.request_timeout,
+        "max_connections": settings.limits.max_connections,
+        "max_heap_bytes": settings.limits.max_heap_bytes,
+        "api_paths_regex": paths_regex(&settings.extra_api_paths),
+        "not_found_body": NOT_FOUND_BODY,
         "listen_port": settings.listen_port,
         "listen_address": settings.listen_address,
         "stats_port": settings.stats_port,

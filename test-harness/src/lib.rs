@@ -13,6 +13,8 @@
 //! - [`cluster`]: starting pods (this project's server, or [`llama`]: llama.cpp's) and Envoys.
 //! - [`fleet`]: a running fleet (pods + Envoy) and the answers sent through it.
 //! - [`load`]: open-loop load at a fixed rate, every outcome recorded.
+//! - [`hostile`]: the requests of hostile clients (huge words, batches, deep JSON, …) that
+//!   the gateway and the pods must answer without stalling.
 //! - [`prometheus`]: a real Prometheus scraping the fleet.
 //! - [`wire`]: reading answers back (Prometheus text, server-sent events).
 //! - [`kubernetes`]: the generated parts of `deploy/kubernetes` and reading them back.
@@ -20,6 +22,7 @@
 pub mod cluster;
 pub mod envoy_config;
 pub mod fleet;
+pub mod hostile;
 pub mod kubernetes;
 pub mod llama;
 pub mod load;

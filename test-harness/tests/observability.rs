@@ -66,6 +66,27 @@ fn signals(expr: &str) -> Vec<String> {
         .collect()
 }
 
+/// The rules as shipped, with `for:` cut to 0s so that an alert fires within a test.
+fn rules_firing_at_once(dir: &std::path::Path) -> std::path::PathBuf {
+    let rules_file = dir.join("rules.yml");
+    std::fs::write(
+        &rules_file,
+        observability("prometheus-rules.yml")
+            .lines()
+            .map(|l| {
+                if l.trim_start().starts_with("for: ") {
+                    format!("{}for: 0s", &l[..l.len() - l.trim_start().len()])
+                } else {
+                    l.to_owned()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
+    )
+    .unwrap();
+    rules_file
+}
+
 #[test]
 fn alert_signals_are_the_left_operands() {
     assert_eq!(
@@ -112,24 +133,8 @@ fn every_rule_and_dashboard_query_answers_after_traffic() {
         .unwrap();
     assert_eq!(post.status(), 404);
 
-    // the rules as shipped, with `for:` cut to 0s so that an alert fires within a test
     let rules_text = observability("prometheus-rules.yml");
-    let rules_file = f.dir.join("rules.yml");
-    std::fs::write(
-        &rules_file,
-        rules_text
-            .lines()
-            .map(|l| {
-                if l.trim_start().starts_with("for: ") {
-                    format!("{}for: 0s", &l[..l.len() - l.trim_start().len()])
-                } else {
-                    l.to_owned()
-                }
-            })
-            .collect::<Vec<_>>()
-            .join("\n"),
-    )
-    .unwrap();
+    let rules_file = rules_firing_at_once(&f.dir);
     let prom =
         Prometheus::start_with_rules(&f.addrs(), Some(stats_port), Some(&rules_file), &f.dir)
             .unwrap();
@@ -223,4 +228,39 @@ fn every_rule_and_dashboard_query_answers_after_traffic() {
         |s| s.iter().any(|(l, _)| l.get("pod") == Some(&victim)),
     )
     .unwrap();
+}
+
+/// A filter whose VM fails on every request (the test-only crash header on each one) makes
+/// no decisions while requests keep arriving: the not-deciding alert fires.
+#[test]
+fn a_filter_that_keeps_failing_fires_the_not_deciding_alert() {
+    let stats_port = free_port().unwrap();
+    let f = Fleet::start("observability-crash", 2, &ZERO_COST, |s| {
+        s.stats_port = Some(stats_port);
+        s.extra
+            .insert("test_only_crash_header".into(), json!("x-test-crash"));
+    })
+    .unwrap();
+    let rules = rules_firing_at_once(&f.dir);
+    let prom =
+        Prometheus::start_with_rules(&f.addrs(), Some(stats_port), Some(&rules), &f.dir).unwrap();
+    prom.wait_for("prefix_router_decisions", Duration::from_secs(30), |s| {
+        !s.is_empty()
+    })
+    .unwrap();
+    let firing = "ALERTS{alertname=\"PrefixRouterNotDeciding\",alertstate=\"firing\"}";
+    assert!(
+        prom.query(firing).unwrap().is_empty(),
+        "fires before any traffic"
+    );
+    // every request fails the VM before it decides; Envoy keeps starting new ones
+    let body = json!({"prompt": "hello", "max_tokens": 1});
+    let fired = f.wait(Duration::from_secs(60), || {
+        for _ in 0..5 {
+            let a = f.send("/v1/completions", &body, &[("x-test-crash", "1")]);
+            assert_ne!(a.status, 200, "{}", a.body);
+        }
+        !prom.query(firing).unwrap().is_empty()
+    });
+    assert!(fired, "PrefixRouterNotDeciding never fired");
 }

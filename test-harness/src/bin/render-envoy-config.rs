@@ -12,7 +12,9 @@ use prefix_core::protocol::defaults;
 use prefix_core::router_config::{DEFAULT_POLL_INTERVAL_MS, DEFAULT_TABLE_CAPACITY};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use test_harness::envoy_config::{configmap, render, EnvoySettings, ExtraModel, Membership};
+use test_harness::envoy_config::{
+    configmap, render, EnvoySettings, ExtraModel, Limits, Membership,
+};
 use test_harness::paths;
 
 #[derive(Parser)]
@@ -103,6 +105,27 @@ struct Args {
     /// How often the filter polls pods for health, load and cache events (0 = never).
     #[arg(long, default_value_t = DEFAULT_POLL_INTERVAL_MS)]
     poll_interval_ms: u64,
+    /// Another path routed to the pods besides /v1/completions, /v1/chat/completions and
+    /// /v1/models (e.g. /v1/responses where the pods serve it); repeatable. Every other path
+    /// is 404 at Envoy: the pods' metrics, cache events and tokenize endpoints are not public.
+    #[arg(long = "inference-path")]
+    inference_paths: Vec<String>,
+    /// Longest answer, streamed ones included (Envoy duration; 0s: no limit).
+    #[arg(long, default_value = "300s")]
+    route_timeout: String,
+    /// A stream that sends nothing for this long is ended.
+    #[arg(long, default_value = "120s")]
+    stream_idle_timeout: String,
+    /// A request (headers and body) must arrive within this (a body trickled in holds a
+    /// connection no longer).
+    #[arg(long, default_value = "60s")]
+    request_timeout: String,
+    /// Downstream connections open at once; more are refused.
+    #[arg(long, default_value_t = 10_000)]
+    max_connections: u64,
+    /// Envoy's heap limit: at 90 % it returns memory, at 95 % it stops accepting requests.
+    #[arg(long, default_value_t = 2 << 30)]
+    max_heap_bytes: u64,
     /// Write a Kubernetes ConfigMap of this name holding the config as `envoy.yaml`.
     #[arg(long)]
     configmap: Option<String>,
@@ -142,6 +165,14 @@ fn main() -> anyhow::Result<()> {
         s.extra.insert("unknown_model".into(), serde_json::json!(u));
     }
     s.assets_port = a.assets_port;
+    s.extra_api_paths = a.inference_paths;
+    s.limits = Limits {
+        route_timeout: a.route_timeout,
+        stream_idle_timeout: a.stream_idle_timeout,
+        request_timeout: a.request_timeout,
+        max_connections: a.max_connections,
+        max_heap_bytes: a.max_heap_bytes,
+    };
     let mut yaml = render(&s, &paths::envoy_template_dir())?;
     if let Some(name) = &a.configmap {
         yaml = configmap(name, &yaml)?;
