@@ -5,6 +5,8 @@
 #   scripts/bench.sh --quick          policies side by side, ≤ 2 minutes
 #   scripts/bench.sh                  policies, full (≤ 10 minutes; includes filter overhead)
 #   scripts/bench.sh cache|filter|engine   cache/tokenizer/server, filter overhead, real-engine TTFT
+#   scripts/bench.sh hostile              hostile requests (huge words, batches, deep JSON, …)
+#                                         through Envoy and at a pod, each timed
 #   scripts/bench.sh faults [--quick]     pod kill/restart/join under 50 req/s, 100k unique
 #                                         prompts, 10-minute soak with kills (quick: ~3 min)
 #   scripts/bench.sh --help           every option (pods, rate, requests, workloads, seed, …)

@@ -8,6 +8,8 @@
 //! - `cache`: cache cost per block, tokenizer throughput, server requests/s.
 //! - `filter`: filter overhead, Envoy with vs without it.
 //! - `faults`: pod kill / restart / join under load, unique prompts, a soak with kills.
+//! - `hostile`: hostile requests through Envoy and at a pod, each timed, with a small
+//!   request right after.
 
 use crate::inference_perf::{self, IpWorkload};
 use crate::overhead::Prompts;
@@ -33,6 +35,9 @@ enum Which {
     Engine,
     /// pod failures and churn under load: kill, restart, join, unique prompts, soak
     Faults,
+    /// hostile requests (huge words, batches, deep JSON, …) through Envoy and at a pod:
+    /// status and time of each, and of a small request right after
+    Hostile,
     /// everything
     All,
 }
@@ -497,6 +502,12 @@ pub fn main() -> anyhow::Result<()> {
             "filter_overhead".into(),
             serde_json::json!({"rows": rows, "vm": vm, "families": fams}),
         );
+    }
+    if matches!(a.which, Which::Hostile | Which::All) {
+        println!("== hostile requests through Envoy + filter and at a pod (2 zero-cost sim pods)");
+        let rows = crate::hostile::run()?;
+        print!("{}", crate::hostile::table(&rows));
+        summary.insert("hostile".into(), serde_json::to_value(&rows)?);
     }
     if a.which == Which::Faults {
         let p = faults::FaultParams {

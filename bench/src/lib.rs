@@ -15,11 +15,13 @@
 //! - [`micro`]: prefix cache, tokenizer, server; [`engine`]: the real engine's TTFT, speed
 //!   and batching, beside [`llama_cpp`] on the same model and cores.
 //! - [`faults`]: pod kill, restart, join, unique prompts and a soak, under load.
+//! - [`hostile`]: hostile requests through Envoy and at a pod, timed.
 //! - [`cli`]: the `bench` command line that runs them and prints the summary.
 
 pub mod cli;
 pub mod engine;
 pub mod faults;
+pub mod hostile;
 pub mod inference_perf;
 pub mod llama_cpp;
 pub mod micro;

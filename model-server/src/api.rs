@@ -197,6 +197,9 @@ pub(crate) fn prepare(
         .collect()
 }
 
+/// Most bytes of a refused over-long body read before answering 413.
+const DRAIN_BYTES: usize = 16 << 20;
+
 /// Reads the body, refusing (413) anything over `limit` without buffering it.
 async fn read_body(req: Request, limit: usize) -> Result<Bytes, ApiError> {
     let declared = req
@@ -205,6 +208,16 @@ async fn read_body(req: Request, limit: usize) -> Result<Bytes, ApiError> {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
+        // read (and drop) what the client sends anyway, up to a bound, so that it reads the
+        // 413 instead of a connection reset in the middle of its upload
+        let mut body = req.into_body().into_data_stream();
+        let mut drained = 0usize;
+        while drained <= DRAIN_BYTES {
+            match body.next().await {
+                Some(Ok(chunk)) => drained += chunk.len(),
+                _ => break,
+            }
+        }
         return Err(ApiError::too_large(limit));
     }
     axum::body::to_bytes(req.into_body(), limit)

@@ -124,6 +124,27 @@ fn the_objects_fit_together() {
                 "{fleet}: {} selector does not select its pods",
                 d.name()
             );
+            // hardened: the runtime's default seccomp profile, no floating image tags
+            assert_eq!(
+                pod["securityContext"]["seccompProfile"]["type"],
+                "RuntimeDefault",
+                "{fleet}: {}",
+                d.name()
+            );
+            for c in pod["containers"]
+                .as_array()
+                .into_iter()
+                .chain(pod["initContainers"].as_array())
+                .flatten()
+            {
+                let image = c["image"].as_str().unwrap();
+                let tag = image.rsplit_once(':').map(|(_, t)| t).unwrap_or("");
+                assert!(
+                    tag.chars().any(|ch| ch.is_ascii_digit()) && tag != "latest",
+                    "{fleet}: {} image {image} is not pinned to a version",
+                    d.name()
+                );
+            }
             // every ConfigMap volume exists; every mount names a volume
             let volumes: Vec<&Value> = pod["volumes"].as_array().into_iter().flatten().collect();
             for v in &volumes {
@@ -199,6 +220,29 @@ fn the_objects_fit_together() {
         let pods = of("Deployment").find(|d| d.name() == service).unwrap();
         let c = &pods.doc["spec"]["template"]["spec"]["containers"][0];
         assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/health", "{fleet}");
+        // a slow model load is not killed: liveness starts after the startup probe
+        assert_eq!(c["startupProbe"]["httpGet"]["path"], "/health", "{fleet}");
+        // only Envoy and Prometheus reach the pods' port (metrics, events, tokenize)
+        let pod_labels = labels(&pods.doc["spec"]["template"]["metadata"]["labels"]);
+        let policy = of("NetworkPolicy")
+            .find(|n| labels(&n.doc["spec"]["podSelector"]["matchLabels"]).is_subset(&pod_labels))
+            .unwrap_or_else(|| panic!("{fleet}: no NetworkPolicy selects the pods"));
+        let from: BTreeSet<String> = policy.doc["spec"]["ingress"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|rule| rule["from"].as_array().unwrap().iter())
+            .map(|peer| {
+                labels(&peer["podSelector"]["matchLabels"])
+                    .into_iter()
+                    .collect()
+            })
+            .collect();
+        let allowed: BTreeSet<String> = ["envoy", "prometheus"]
+            .iter()
+            .map(|n| format!("app.kubernetes.io/name={n}"))
+            .collect();
+        assert_eq!(from, allowed, "{fleet}: who reaches the pods");
         // Envoy: config and filter where its arguments and the config expect them
         let envoy = of("Deployment").find(|d| d.name() == "envoy").unwrap();
         let pod = &envoy.doc["spec"]["template"]["spec"];
