@@ -1,6 +1,8 @@
 //! The real engine (`--engine candle`, SmolLM2-135M on CPU): a prefix-cache hit reuses the
 //! blocks' real K/V and changes nothing in the answer.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
 use model_server::config::default_model_file;
 use model_server::engine::llama::{Kv, Llama};
 use serde_json::{json, Value};

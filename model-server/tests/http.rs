@@ -1,6 +1,8 @@
 //! The model server over real HTTP on 127.0.0.1 (port 0): prefix-cache behaviour, metrics,
 //! OpenAI shapes, streaming, bad input and graceful shutdown.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
 use clap::Parser;
 use model_server::{run, Config};
 use serde_json::{json, Value};

@@ -53,7 +53,8 @@ impl Answer {
             .unwrap_or("")
     }
 
-    /// `usage.prompt_tokens_details.cached_tokens`
+    /// `usage.prompt_tokens_details.cached_tokens`; fails the calling test without one.
+    #[allow(clippy::panic)] // a test helper: the test that asked fails, naming the answer
     pub fn cached(&self) -> u64 {
         self.body["usage"]["prompt_tokens_details"]["cached_tokens"]
             .as_u64()
@@ -158,6 +159,7 @@ impl Fleet {
         body: &Value,
         extra: &[(&str, &str)],
     ) -> Answer {
+        #![allow(clippy::expect_used)] // a test helper: no answer at all fails the test
         let mut req = self.http.post(envoy.url(path)).json(body);
         for (k, v) in extra {
             req = req.header(*k, *v);
@@ -179,6 +181,7 @@ impl Fleet {
             .collect()
     }
 
+    #[allow(clippy::panic)] // a test helper: a wrong name fails the test
     pub fn pod_index(&self, name: &str) -> usize {
         self.pods
             .iter()

@@ -1,6 +1,8 @@
 //! The filter in a real Envoy (`--concurrency 2`) in front of three real model-server
 //! processes, all on 127.0.0.1.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
 use test_harness::fleet::{Answer, Fleet, ZERO_COST};

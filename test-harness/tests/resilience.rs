@@ -1,6 +1,8 @@
 //! Load-, health- and eviction-aware routing with real processes: pods die, restart, evict;
 //! bursts spread; separate Envoys agree. Loops are bounded in count and time; 127.0.0.1 only.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

@@ -1,6 +1,8 @@
 //! The reference scenario end to end, verified through a real Prometheus's HTTP API: three
 //! pods, Envoy with the filter, Prometheus scraping every second.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
