@@ -162,7 +162,7 @@ async fn large_turn(
 /// A request's prompts, each checked against the context before any runs (a bad one rejects
 /// the batch, as in vLLM). A batch becomes one request per prompt without copying the batch
 /// into each.
-pub(crate) fn prepare(
+fn prepare(
     s: &AppState,
     endpoint: Endpoint,
     body: &[u8],

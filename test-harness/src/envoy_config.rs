@@ -80,9 +80,11 @@ pub struct EnvoySettings {
 /// and timeouts, each an Envoy duration (`300s`; `0s`: none).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {
-    /// The whole answer, streamed ones included.
+    /// The whole answer, streamed ones included (`0s`: none, so a long generation streams
+    /// for as long as its tokens keep coming).
     pub route_timeout: String,
-    /// A stream that sends nothing for this long is ended.
+    /// An answer (or request) that sends nothing for this long is ended: a stalled pod, or
+    /// a non-streamed answer that takes longer.
     pub stream_idle_timeout: String,
     /// The whole request (headers and body) must arrive within this.
     pub request_timeout: String,
@@ -95,8 +97,8 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            route_timeout: "300s".into(),
-            stream_idle_timeout: "120s".into(),
+            route_timeout: "0s".into(),
+            stream_idle_timeout: "300s".into(),
             request_timeout: "60s".into(),
             max_connections: 10_000,
             max_heap_bytes: 2 << 30,
@@ -384,6 +386,19 @@ pub const TEMPLATE: &str = "envoy.yaml.j2";
 /// configuration exactly as the filter will (a bad value fails here, with the field named).
 pub fn render(settings: &EnvoySettings, template_dir: &Path) -> anyhow::Result<String> {
     settings.pools()?;
+    let l = &settings.limits;
+    for (field, d) in [
+        ("route-timeout", &l.route_timeout),
+        ("stream-idle-timeout", &l.stream_idle_timeout),
+        ("request-timeout", &l.request_timeout),
+    ] {
+        let secs = d.strip_suffix('s').and_then(|n| n.parse::<f64>().ok());
+        if !secs.is_some_and(|s| s >= 0.0) {
+            anyhow::bail!(
+                "--{field} '{d}' must be seconds, as Envoy writes them (e.g. 300s, 1.5s, 0s)"
+            );
+        }
+    }
     for p in &settings.extra_api_paths {
         if !p.starts_with('/') || p.contains(['?', '#', ' ']) {
             anyhow::bail!("inference path '{p}' must be a path starting with '/'");

@@ -275,3 +275,38 @@ fn a_crashed_filter_vm_is_started_again() {
         assert!(!a.reason().is_empty());
     }
 }
+
+/// Timeouts bound silence, not length: with a 1.5 s idle timeout, an answer streamed over 3 s
+/// (a token every 100 ms) arrives whole, while the same answer not streamed (nothing sent for
+/// 3 s) is ended by Envoy with a JSON 504.
+#[test]
+fn a_long_stream_survives_the_idle_timeout_a_silent_answer_does_not() {
+    let decoding = [
+        "--sim-ttft-base-ms",
+        "0",
+        "--sim-prefill-us-per-token",
+        "0",
+        "--sim-decode-ms-per-token",
+        "100",
+    ];
+    let f = Fleet::start("hostile-timeouts", 1, &decoding, |s| {
+        s.limits.stream_idle_timeout = "1.5s".into();
+    })
+    .unwrap();
+    let stream = json!({"prompt": "count slowly", "max_tokens": 30, "stream": true});
+    let r = client()
+        .post(f.envoy.url("/v1/completions"))
+        .json(&stream)
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let text = r.text().unwrap();
+    assert!(
+        text.trim_end().ends_with("data: [DONE]"),
+        "cut short: {text}"
+    );
+    let silent = json!({"prompt": "count slowly", "max_tokens": 30});
+    let a = f.send("/v1/completions", &silent, &[]);
+    assert_eq!(a.status, 504, "{}", a.body);
+    assert!(a.body["error"]["message"].is_string(), "{}", a.body);
+}

@@ -110,11 +110,13 @@ struct Args {
     /// is 404 at Envoy: the pods' metrics, cache events and tokenize endpoints are not public.
     #[arg(long = "inference-path")]
     inference_paths: Vec<String>,
-    /// Longest answer, streamed ones included (Envoy duration; 0s: no limit).
-    #[arg(long, default_value = "300s")]
+    /// Longest answer, streamed ones included (Envoy duration; 0s, the default: no limit, so
+    /// a long generation streams for as long as its tokens keep coming).
+    #[arg(long, default_value = "0s")]
     route_timeout: String,
-    /// A stream that sends nothing for this long is ended.
-    #[arg(long, default_value = "120s")]
+    /// An answer (or request) that sends nothing for this long is ended: a stalled pod, or a
+    /// non-streamed answer that takes longer than this.
+    #[arg(long, default_value = "300s")]
     stream_idle_timeout: String,
     /// A request (headers and body) must arrive within this (a body trickled in holds a
     /// connection no longer).
