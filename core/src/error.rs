@@ -114,7 +114,17 @@ impl ApiError {
         }
     }
 
-    /// Sets the machine-readable `code`.
+    /// 401: the server requires an API key and the request has not the right one.
+    pub fn unauthorized() -> Self {
+        ApiError {
+            status: 401,
+            message: "a valid API key is required (Authorization: Bearer <key>)".to_owned(),
+            kind: "authentication_error",
+            param: None,
+            code: Some("invalid_api_key"),
+        }
+    }
+
     /// 400 `context_length_exceeded`: the prompt has `tokens` tokens (`at_least`: a lower
     /// bound, known before tokenizing all of it), more than the model's `max` (vLLM's words).
     pub fn context_length(
@@ -135,6 +145,7 @@ impl ApiError {
         .with_code("context_length_exceeded")
     }
 
+    /// Sets the machine-readable `code`.
     pub fn with_code(mut self, code: &'static str) -> Self {
         self.code = Some(code);
         self

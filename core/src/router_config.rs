@@ -82,6 +82,10 @@ pub struct RouterConfig {
     /// Add `x-prefix-router-*` response headers (pod, reason, matched blocks).
     #[serde(default)]
     pub debug_headers: bool,
+    /// Credentials the filter's own calls to the pods carry (pods that require an API key,
+    /// such as vLLM's `--api-key`, answer its polls 401 without them).
+    #[serde(default)]
+    pub pod_credentials: Option<PodCredentials>,
     /// TESTS ONLY: a request carrying this header ends the filter's VM (a wasm trap), so a
     /// test can prove that Envoy brings the filter back (`FAIL_RELOAD`). Never set it where
     /// clients can reach the listener: any of them could then crash the filter.
@@ -115,6 +119,32 @@ pub struct RouterConfig {
     /// the listener's routes match on that header, one route per cluster.
     #[serde(default = "default_pods_cluster")]
     pub route_cluster: String,
+}
+
+/// A header for the filter's own calls to pods, its value read from an environment variable
+/// of Envoy's (a Kubernetes Secret's, typically) when the filter starts: never written in
+/// the configuration, never logged. Envoy passes the variable to the filter only when its
+/// `vm_config.environment_variables.host_env_keys` lists it (`render-envoy-config
+/// --pod-api-key-env` writes both). Clients' own `Authorization` headers go to the pods
+/// untouched.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PodCredentials {
+    /// The environment variable holding the value.
+    pub value_from_env: String,
+    /// The header (`authorization`).
+    #[serde(default = "default_credentials_header")]
+    pub header: String,
+    /// Written before the value (`Bearer `, as vLLM's `--api-key` expects).
+    #[serde(default = "default_credentials_prefix")]
+    pub prefix: String,
+}
+
+fn default_credentials_header() -> String {
+    "authorization".to_owned()
+}
+fn default_credentials_prefix() -> String {
+    "Bearer ".to_owned()
 }
 
 /// Where the pods come from when they are not a fixed list: the members of an Envoy cluster,
@@ -310,6 +340,25 @@ impl RouterConfig {
         }
         if !(64..=64 * 1024 * 1024).contains(&self.max_body_bytes) {
             return Err(err("max_body_bytes", "must be between 64 and 67108864"));
+        }
+        if let Some(c) = &self.pod_credentials {
+            let token = |s: &str| {
+                !s.is_empty()
+                    && s.bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+            };
+            if !token(&c.value_from_env) {
+                return Err(err(
+                    "pod_credentials.value_from_env",
+                    "must name an environment variable (letters, digits, _ . -)",
+                ));
+            }
+            if !token(&c.header) || c.header.bytes().any(|b| b.is_ascii_uppercase()) {
+                return Err(err(
+                    "pod_credentials.header",
+                    "must be a lower-case header name",
+                ));
+            }
         }
         if !(1..=1 << 24).contains(&self.max_prompt_tokens) {
             return Err(err("max_prompt_tokens", "must be between 1 and 16777216"));

@@ -100,6 +100,9 @@ pub trait Host: Store {
     /// The `ip:port` of the upstream that served the current stream (its last try), if any.
     fn upstream_address(&self) -> Option<String>;
 
+    /// An environment variable Envoy passes to the VM (`vm_config.environment_variables`).
+    fn env_var(&self, name: &str) -> Option<String>;
+
     /// Ends this VM at once, as a fault inside it would (a wasm trap): only for the
     /// test-only crash trigger (`test_only_crash_header`), which proves Envoy brings the
     /// filter back.
@@ -230,6 +233,10 @@ mod envoy {
                 .and_then(|v| String::from_utf8(v).ok())
         }
 
+        fn env_var(&self, name: &str) -> Option<String> {
+            std::env::var(name).ok()
+        }
+
         fn crash_vm(&self) {
             #[cfg(target_arch = "wasm32")]
             core::arch::wasm32::unreachable();
@@ -293,6 +300,8 @@ pub mod fake {
         pub upstream: RefCell<Option<String>>,
         /// `crash_vm` was called.
         pub crashed: Cell<bool>,
+        /// What `env_var` answers.
+        pub env: RefCell<HashMap<String, String>>,
         /// Host calls made, by kind (what a request costs in crossings into Envoy).
         pub tally: RefCell<std::collections::BTreeMap<&'static str, u32>>,
     }
@@ -491,6 +500,10 @@ pub mod fake {
         fn upstream_address(&self) -> Option<String> {
             self.count("upstream_address");
             self.upstream.borrow().clone()
+        }
+
+        fn env_var(&self, name: &str) -> Option<String> {
+            self.env.borrow().get(name).cloned()
         }
 
         fn crash_vm(&self) {

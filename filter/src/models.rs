@@ -13,7 +13,7 @@ use crate::router::Router;
 use crate::tokenizer::embedded_bundle;
 use prefix_core::plugin_config::{ModelChoice, PluginConfig};
 use prefix_core::protocol::headers;
-use prefix_core::router_config::RouterConfig;
+use prefix_core::router_config::{PodCredentials, RouterConfig};
 use prefix_core::ApiError;
 use std::rc::Rc;
 
@@ -77,11 +77,32 @@ impl<H: Host> Model<H> {
         let metrics = Metrics::define(Rc::clone(host), &config.model_name, &config.adapters);
         metrics.define_pods(&config.pods);
         metrics.tokenizer_loaded(bundle.is_ok());
-        let router = Router::new(config, bundle.ok(), vm_id);
+        let mut router = Router::new(config, bundle.ok(), vm_id);
+        router.pod_auth = pod_auth(&**host, router.config.pod_credentials.as_ref());
         crate::pods::Inflight::create(&**host, &router.inflight_key, router.config.pods.len());
         Model {
             router: Rc::new(router),
             metrics: Rc::new(metrics),
+        }
+    }
+}
+
+/// The credentials header for the pods, its value read from Envoy's environment. A missing
+/// variable is logged by name (polls then go without it, and pods that require it are
+/// marked down, which shows); the value never is.
+fn pod_auth<H: Host>(host: &H, creds: Option<&PodCredentials>) -> Option<(String, String)> {
+    let c = creds?;
+    match host.env_var(&c.value_from_env) {
+        Some(v) if !v.is_empty() => Some((c.header.clone(), format!("{}{}", c.prefix, v.trim()))),
+        _ => {
+            host.log(
+                Level::Error,
+                &format!(
+                    "prefix-router: pod_credentials: environment variable '{}' is not set or empty (Envoy passes only those listed in vm_config.environment_variables.host_env_keys); polling pods without credentials",
+                    c.value_from_env
+                ),
+            );
+            None
         }
     }
 }

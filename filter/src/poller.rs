@@ -333,12 +333,15 @@ impl Poller {
     fn poll<H: Host>(&self, host: &H, router: &Router, metrics: &Metrics<H>, addr: &str, ask: Ask) {
         let timeout = Duration::from_millis(router.config.poll_interval_ms.max(100));
         let path = ask.path();
-        let request = [
+        let mut request = vec![
             (":method", "GET"),
             (":path", path.as_str()),
             (":authority", addr),
             (headers::DESTINATION, addr),
         ];
+        if let Some((name, value)) = &router.pod_auth {
+            request.push((name.as_str(), value.as_str()));
+        }
         match host.dispatch_http_call(&router.config.cluster, &request, timeout) {
             Ok(token) => {
                 self.out

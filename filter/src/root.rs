@@ -213,6 +213,43 @@ mod tests {
     }
 
     #[test]
+    fn polls_carry_the_pod_credentials_from_the_environment_never_logged() {
+        let creds = r#","pod_credentials":{"value_from_env":"POD_KEY"}"#;
+        let host = Rc::new(FakeHost::default());
+        host.env
+            .borrow_mut()
+            .insert("POD_KEY".into(), "s3cret\n".into());
+        *host.config.borrow_mut() = format!("{{{PODS}{creds}}}").into_bytes();
+        let mut root = RouterRoot::new(Rc::clone(&host), 7);
+        assert!(root.configure());
+        root.tick();
+        let calls = host.take_calls();
+        assert_eq!(calls.len(), 2);
+        for call in &calls {
+            assert_eq!(call.header("authorization"), Some("Bearer s3cret"));
+        }
+        assert_eq!(host.logged("s3cret"), 0);
+        // the variable missing: configured all the same, polls without it, the name logged
+        let root = configured(creds);
+        root.tick();
+        assert!(root
+            .host
+            .take_calls()
+            .iter()
+            .all(|c| c.header("authorization").is_none()));
+        assert_eq!(root.host.logged("'POD_KEY' is not set"), 1);
+        // a header name that is not one
+        let host = Rc::new(FakeHost::default());
+        *host.config.borrow_mut() = format!(
+            "{{{PODS},\"pod_credentials\":{{\"value_from_env\":\"K\",\"header\":\"X Auth\"}}}}"
+        )
+        .into_bytes();
+        let mut root = RouterRoot::new(Rc::clone(&host), 7);
+        assert!(!root.configure());
+        assert_eq!(host.logged("pod_credentials.header"), 1);
+    }
+
+    #[test]
     fn each_tick_polls_every_pod_once_and_applies_the_answers() {
         let root = configured("");
         root.tick();

@@ -48,6 +48,9 @@ pub struct Router {
     states: RefCell<Option<SeenStates>>,
     /// This VM's requests in flight per prefix (policy `cost`).
     demand: Demand,
+    /// The header the filter's own calls to pods carry (`pod_credentials`), resolved from
+    /// Envoy's environment when the VM starts; never logged.
+    pub pod_auth: Option<(String, String)>,
     counter: Cell<u64>,
     rng: Cell<u64>,
 }
@@ -149,6 +152,7 @@ impl Router {
             configured: Slots::from_list(&config.pods),
             states: RefCell::new(None),
             demand: Demand::default(),
+            pod_auth: None,
             keys,
             config,
             bundle,

@@ -21,6 +21,12 @@ use std::time::Instant;
 
 pub fn router(state: Arc<AppState>) -> Router {
     let pod = HeaderValue::from_str(&state.pod).unwrap_or(HeaderValue::from_static("invalid"));
+    // as vLLM's --api-key: every /v1 path wants `Authorization: Bearer <key>`
+    let key = state
+        .config
+        .api_key
+        .as_ref()
+        .map(|k| Arc::<str>::from(format!("Bearer {}", k.expose())));
     Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
@@ -32,6 +38,20 @@ pub fn router(state: Arc<AppState>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
+        .layer(axum::middleware::from_fn(
+            move |req: Request, next: axum::middleware::Next| {
+                let key = key.clone();
+                async move {
+                    let wanted = key.filter(|_| req.uri().path().starts_with("/v1"));
+                    match wanted {
+                        Some(k) if !authorized(&req, &k) => {
+                            error_response(&ApiError::unauthorized())
+                        }
+                        _ => next.run(req).await,
+                    }
+                }
+            },
+        ))
         .layer(axum::middleware::map_response(move |mut res: Response| {
             let pod = pod.clone();
             async move {
@@ -39,6 +59,22 @@ pub fn router(state: Arc<AppState>) -> Router {
                 res
             }
         }))
+}
+
+/// Whether the request carries exactly `bearer` (`Bearer <key>`), compared without an early
+/// exit on the first differing byte.
+fn authorized(req: &Request, bearer: &str) -> bool {
+    let got = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(HeaderValue::as_bytes)
+        .unwrap_or_default();
+    got.len() == bearer.len()
+        && got
+            .iter()
+            .zip(bearer.as_bytes())
+            .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+            == 0
 }
 
 pub(crate) fn error_response(e: &ApiError) -> Response {

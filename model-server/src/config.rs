@@ -69,6 +69,10 @@ pub struct Config {
     /// Longest prompt in tokens.
     #[arg(long, default_value_t = 8192)]
     pub max_model_len: usize,
+    /// Require `Authorization: Bearer <KEY>` on every /v1 path (401 otherwise), as vLLM's
+    /// `--api-key`; /health, /metrics and /tokenize stay open, as there.
+    #[arg(long)]
+    pub api_key: Option<Secret>,
     /// Most prompts one completions request may batch (400 beyond).
     #[arg(long, default_value_t = 1024)]
     pub max_batch_prompts: usize,
@@ -106,6 +110,32 @@ pub struct Config {
     /// sim: decode delay per generated token, milliseconds (one sequence decoding alone).
     #[arg(long, default_value_t = 10.0)]
     pub sim_decode_ms_per_token: f64,
+}
+
+/// A value never to be printed (an API key): its `Debug` says only that it is set.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(…)")
+    }
+}
+
+impl std::str::FromStr for Secret {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.is_empty() {
+            return Err("must not be empty".into());
+        }
+        Ok(Secret(s.to_owned()))
+    }
 }
 
 /// A configuration value that cannot work, naming the flag.

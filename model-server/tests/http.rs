@@ -555,3 +555,45 @@ async fn a_small_request_is_answered_while_a_huge_prompt_is_tokenized() {
     assert_eq!(huge.await.unwrap().unwrap(), 200);
     s.shutdown().await;
 }
+
+/// With `--api-key`, every /v1 path wants the key (401 JSON otherwise), as vLLM's; health,
+/// metrics and tokenize stay open.
+#[tokio::test]
+async fn an_api_key_guards_the_v1_paths() {
+    let s = start(&["--api-key", "s3cret"]).await;
+    let http = reqwest::Client::new();
+    let body = json!({"prompt": "hello", "max_tokens": 1});
+    for auth in [
+        None,
+        Some("Bearer wrong"),
+        Some("s3cret"),
+        Some("Bearer s3cret2"),
+    ] {
+        let mut req = http.post(s.url("/v1/completions")).json(&body);
+        if let Some(a) = auth {
+            req = req.header("authorization", a);
+        }
+        let r = req.send().await.unwrap();
+        assert_eq!(r.status(), 401, "{auth:?}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "invalid_api_key");
+    }
+    let r = http
+        .post(s.url("/v1/completions"))
+        .header("authorization", "Bearer s3cret")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let events = http.get(s.url("/v1/cache/events")).send().await.unwrap();
+    assert_eq!(events.status(), 401, "the cache events are guarded too");
+    for path in ["/health", "/metrics"] {
+        assert_eq!(
+            http.get(s.url(path)).send().await.unwrap().status(),
+            200,
+            "{path}"
+        );
+    }
+    s.shutdown().await;
+}

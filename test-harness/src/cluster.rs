@@ -252,6 +252,7 @@ fn launch_envoy(
             validate_config(&config_path)?;
         }
         let mut cmd = Command::new(paths::envoy_bin());
+        cmd.envs(settings.env.iter().map(|(k, v)| (k, v)));
         cmd.arg("-c").arg(&config_path).args([
             "--concurrency",
             "2",

@@ -71,6 +71,11 @@ pub struct EnvoySettings {
     pub stats_flush_interval: Option<String>,
     /// Limits and timeouts of the inference listener ([`Limits`]).
     pub limits: Limits,
+    /// An environment variable of Envoy's holding the pods' API key: the filter's polls
+    /// carry `Authorization: Bearer <it>` (plugin `pod_credentials`).
+    pub pod_api_key_env: Option<String>,
+    /// Environment variables Envoy is started with (tests: the pods' API key).
+    pub env: Vec<(String, String)>,
     /// Paths routed to the pods besides the OpenAI API's completions, chat and models (e.g.
     /// `/v1/responses` where the pods serve it); everything else is 404 at Envoy.
     pub extra_api_paths: Vec<String>,
@@ -170,6 +175,8 @@ impl EnvoySettings {
             stats_flush_interval: None,
             limits: Limits::default(),
             extra_api_paths: Vec::new(),
+            pod_api_key_env: None,
+            env: Vec::new(),
         }
     }
 
@@ -223,6 +230,9 @@ impl EnvoySettings {
             "policy": self.policy,
             "poll_interval_ms": self.poll_interval_ms,
         });
+        if let (Some(env), Some(obj)) = (&self.pod_api_key_env, shared.as_object_mut()) {
+            obj.insert("pod_credentials".into(), json!({ "value_from_env": env }));
+        }
         let several = pools.len() > 1;
         let mut entries: Vec<serde_json::Value> =
             pools.iter().map(|p| self.model_entry(p, several)).collect();
@@ -483,6 +493,7 @@ pub fn render_unchecked(settings: &EnvoySettings, template_dir: &Path) -> anyhow
         "max_heap_bytes": settings.limits.max_heap_bytes,
         "api_paths_regex": paths_regex(&settings.extra_api_paths),
         "not_found_body": NOT_FOUND_BODY,
+        "pod_credentials_env": settings.pod_api_key_env.as_ref().filter(|_| settings.wasm.is_some()),
         "listen_port": settings.listen_port,
         "listen_address": settings.listen_address,
         "stats_port": settings.stats_port,

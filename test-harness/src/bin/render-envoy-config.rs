@@ -105,6 +105,11 @@ struct Args {
     /// How often the filter polls pods for health, load and cache events (0 = never).
     #[arg(long, default_value_t = DEFAULT_POLL_INTERVAL_MS)]
     poll_interval_ms: u64,
+    /// The pods require an API key (vLLM's `--api-key`): the filter's own polls carry
+    /// `Authorization: Bearer <the value of this environment variable of Envoy's>`, passed to
+    /// the filter and never written in the config. Clients send their own key as always.
+    #[arg(long)]
+    pod_api_key_env: Option<String>,
     /// Another path routed to the pods besides /v1/completions, /v1/chat/completions and
     /// /v1/models (e.g. /v1/responses where the pods serve it); repeatable. Every other path
     /// is 404 at Envoy: the pods' metrics, cache events and tokenize endpoints are not public.
@@ -168,6 +173,7 @@ fn main() -> anyhow::Result<()> {
     }
     s.assets_port = a.assets_port;
     s.extra_api_paths = a.inference_paths;
+    s.pod_api_key_env = a.pod_api_key_env;
     s.limits = Limits {
         route_timeout: a.route_timeout,
         stream_idle_timeout: a.stream_idle_timeout,
