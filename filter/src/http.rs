@@ -405,6 +405,14 @@ mod tests {
 
     const POST: [(&str, &str); 2] = [(":method", "POST"), (":path", "/v1/completions")];
 
+    /// A short completion through the filter, answered 200 by a pod.
+    fn short_answered(f: &Setup) {
+        let mut s = stream(f, &POST);
+        s.ctx.request_headers(false);
+        s.body(r#"{"prompt":"abcdefgh"}"#);
+        s.respond("200", true);
+    }
+
     impl Stream {
         fn destination(&self) -> Option<String> {
             self.host.header(Headers::Request, headers::DESTINATION)
@@ -791,10 +799,7 @@ mod tests {
         assert_eq!(total.parse::<usize>().unwrap(), prompt.len());
         assert!(s.destination().is_some());
         // a prompt within the limit says nothing
-        let mut s = stream(&f, &POST);
-        s.ctx.request_headers(false);
-        s.body(r#"{"prompt":"abcdefgh"}"#);
-        s.respond("200", true);
+        short_answered(&f);
         assert_eq!(f.0.header(Headers::Response, debug::PROMPT_READ), None);
     }
 
@@ -855,10 +860,7 @@ mod tests {
         assert_eq!(h(debug::PREFIX_HASH), Some(last));
         // off by default
         let f = setup("");
-        let mut s = stream(&f, &POST);
-        s.ctx.request_headers(false);
-        s.body(r#"{"prompt":"abcdefgh"}"#);
-        s.respond("200", true);
+        short_answered(&f);
         assert_eq!(f.0.header(Headers::Response, debug::REASON), None);
     }
 
