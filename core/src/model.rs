@@ -22,7 +22,7 @@ static NO_SPECIALS: Specials = Specials {
 #[derive(Debug, Default, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct TokenizerConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub chat_template: Option<String>,
+    pub chat_template: Option<ChatTemplateField>,
     #[serde(
         default,
         deserialize_with = "token_name",
@@ -35,6 +35,35 @@ pub struct TokenizerConfig {
         skip_serializing_if = "Option::is_none"
     )]
     pub eos_token: Option<String>,
+}
+
+/// `chat_template` as models ship it: one template, or a list of named ones (`default`, and
+/// `tool_use` for requests that pass tools), as Hugging Face's `apply_chat_template` picks.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(untagged)]
+pub enum ChatTemplateField {
+    One(String),
+    Named(Vec<NamedTemplate>),
+}
+
+/// One entry of a list-form `chat_template`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct NamedTemplate {
+    pub name: String,
+    pub template: String,
+}
+
+impl ChatTemplateField {
+    /// The template named `name` (a single template is `default`).
+    fn named(&self, name: &str) -> Option<&str> {
+        match self {
+            ChatTemplateField::One(t) => (name == "default").then_some(t.as_str()),
+            ChatTemplateField::Named(list) => list
+                .iter()
+                .find(|t| t.name == name)
+                .map(|t| t.template.as_str()),
+        }
+    }
 }
 
 /// HF writes special tokens either as a string or as `{"content": "..."}`.
@@ -69,8 +98,22 @@ pub struct ModelBundle {
     /// keys cached blocks by adapter), so they never share a cached prefix.
     adapters: Vec<String>,
     tokenizer: Tokenizer,
+    /// The chat template (`default`), and the one for requests that pass tools when the
+    /// model ships one (`tool_use`).
     template: Option<ChatTemplate>,
+    tool_template: Option<ChatTemplate>,
     block_size: BlockSize,
+}
+
+/// A model directory's files, as bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct ModelFiles<'a> {
+    /// `tokenizer.json`
+    pub tokenizer_json: &'a [u8],
+    /// `tokenizer_config.json` (special tokens; the chat template, one or a named list)
+    pub tokenizer_config_json: Option<&'a [u8]>,
+    /// `chat_template.jinja`, where the model keeps its template in a file of its own
+    pub chat_template_jinja: Option<&'a [u8]>,
 }
 
 /// A request's prompt as tokens plus the hashes of its full blocks.
@@ -89,10 +132,28 @@ impl ModelBundle {
         tokenizer_config_json: Option<&[u8]>,
         block_size: BlockSize,
     ) -> Result<Self, BundleError> {
+        Self::from_files(
+            name,
+            ModelFiles {
+                tokenizer_json,
+                tokenizer_config_json,
+                chat_template_jinja: None,
+            },
+            block_size,
+        )
+    }
+
+    /// A bundle from a model directory's files, `chat_template.jinja` included (Hugging
+    /// Face's newer layout keeps the template there; it wins over `tokenizer_config.json`'s).
+    pub fn from_files(
+        name: &str,
+        files: ModelFiles<'_>,
+        block_size: BlockSize,
+    ) -> Result<Self, BundleError> {
         Self::build(
             name,
-            Tokenizer::from_json_bytes(tokenizer_json)?,
-            tokenizer_config_json,
+            Tokenizer::from_json_bytes(files.tokenizer_json)?,
+            files,
             block_size,
         )
     }
@@ -104,10 +165,27 @@ impl ModelBundle {
         tokenizer_config_json: Option<&[u8]>,
         block_size: BlockSize,
     ) -> Result<Self, BundleError> {
+        Self::routing_from_files(
+            name,
+            ModelFiles {
+                tokenizer_json,
+                tokenizer_config_json,
+                chat_template_jinja: None,
+            },
+            block_size,
+        )
+    }
+
+    /// [`ModelBundle::from_files`] for routing ([`ModelBundle::for_routing`]).
+    pub fn routing_from_files(
+        name: &str,
+        files: ModelFiles<'_>,
+        block_size: BlockSize,
+    ) -> Result<Self, BundleError> {
         Self::build(
             name,
-            Tokenizer::for_encoding(tokenizer_json)?,
-            tokenizer_config_json,
+            Tokenizer::for_encoding(files.tokenizer_json)?,
+            files,
             block_size,
         )
     }
@@ -115,26 +193,43 @@ impl ModelBundle {
     fn build(
         name: &str,
         tokenizer: Tokenizer,
-        tokenizer_config_json: Option<&[u8]>,
+        files: ModelFiles<'_>,
         block_size: BlockSize,
     ) -> Result<Self, BundleError> {
-        let config: TokenizerConfig = match tokenizer_config_json {
+        let config: TokenizerConfig = match files.tokenizer_config_json {
             Some(b) => serde_json::from_slice(b).map_err(|e| BundleError::Config(e.to_string()))?,
             None => TokenizerConfig::default(),
         };
-        let template = match &config.chat_template {
-            Some(src) => Some(ChatTemplate::new(
-                src,
-                config.bos_token.as_deref().unwrap_or(""),
-                config.eos_token.as_deref().unwrap_or(""),
-            )?),
+        let jinja = match files.chat_template_jinja {
+            Some(b) => Some(
+                std::str::from_utf8(b)
+                    .map_err(|e| BundleError::Config(format!("chat_template.jinja: {e}")))?,
+            ),
             None => None,
         };
+        let compile = |src: Option<&str>| -> Result<Option<ChatTemplate>, BundleError> {
+            src.map(|src| {
+                ChatTemplate::new(
+                    src,
+                    config.bos_token.as_deref().unwrap_or(""),
+                    config.eos_token.as_deref().unwrap_or(""),
+                )
+            })
+            .transpose()
+            .map_err(BundleError::from)
+        };
+        let field = config.chat_template.as_ref();
+        let template = compile(jinja.or_else(|| field.and_then(|f| f.named("default"))))?;
+        let tool_template = compile(field.and_then(|f| match f {
+            ChatTemplateField::Named(_) => f.named("tool_use"),
+            ChatTemplateField::One(_) => None,
+        }))?;
         Ok(ModelBundle {
             name: name.to_owned(),
             adapters: Vec::new(),
             tokenizer,
             template,
+            tool_template,
             block_size,
         })
     }
@@ -283,7 +378,7 @@ impl ModelBundle {
                 whole(ids.clone())
             }
             (PromptInput::Chat(messages), fast) => {
-                let template = self.template.as_ref().ok_or_else(|| {
+                let template = self.chat_template_for(req).ok_or_else(|| {
                     ApiError::unrenderable(
                         "this model has no chat template; use /v1/completions",
                         Some("messages"),
@@ -304,9 +399,23 @@ impl ModelBundle {
 
     /// The rendered text of a chat request (for debugging and for engines that want text).
     pub fn render_chat(&self, req: &InferenceRequest) -> Result<Option<String>, ApiError> {
-        match (&req.prompt, &self.template) {
+        match (&req.prompt, self.chat_template_for(req)) {
             (PromptInput::Chat(m), Some(t)) => t.render(m, &req.chat).map(Some),
             _ => Ok(None),
+        }
+    }
+
+    /// The template a chat request renders with: `tool_use` when it passes tools and the
+    /// model ships one, else the default (Hugging Face's choice, which vLLM follows).
+    fn chat_template_for(&self, req: &InferenceRequest) -> Option<&ChatTemplate> {
+        let tools = req
+            .chat
+            .tools
+            .as_ref()
+            .is_some_and(|t| t.as_array().is_none_or(|a| !a.is_empty()));
+        match (&self.tool_template, tools) {
+            (Some(t), true) => Some(t),
+            _ => self.template.as_ref(),
         }
     }
 
@@ -382,5 +491,58 @@ mod tests {
         assert!(sql.iter().all(|h| !chat.contains(h)));
         assert_eq!(hashes(&b, "sql-lora").unwrap(), sql, "stable");
         assert_eq!(hashes(&b, "other").unwrap_err().status, 404);
+    }
+
+    fn chat(b: &ModelBundle, tools: bool) -> String {
+        let mut body = serde_json::json!({"messages": [{"role": "user", "content": "hi"}]});
+        if tools {
+            body["tools"] = serde_json::json!([{"type": "function", "function": {"name": "f"}}]);
+        }
+        let req = parse_request(Endpoint::ChatCompletions, body.to_string().as_bytes()).unwrap();
+        b.render_chat(&req).unwrap().unwrap()
+    }
+
+    fn files<'a>(tok: &'a str, cfg: Option<&'a str>, jinja: Option<&'a str>) -> ModelFiles<'a> {
+        ModelFiles {
+            tokenizer_json: tok.as_bytes(),
+            tokenizer_config_json: cfg.map(str::as_bytes),
+            chat_template_jinja: jinja.map(str::as_bytes),
+        }
+    }
+
+    #[test]
+    fn chat_templates_as_models_ship_them() {
+        let tok = tiny_tokenizer_json();
+        let bs = BlockSize::new(4).unwrap();
+        // the list form: `default`, and `tool_use` for requests that pass tools
+        let named = r#"{"chat_template": [
+            {"name": "default", "template": "D:{{ messages[0].content }}"},
+            {"name": "tool_use", "template": "T:{{ tools[0].function.name }}:{{ messages[0].content }}"}
+        ]}"#;
+        let b = ModelBundle::from_files("m", files(&tok, Some(named), None), bs).unwrap();
+        assert_eq!(chat(&b, false), "D:hi");
+        assert_eq!(chat(&b, true), "T:f:hi");
+        // one template serves both
+        let one = r#"{"chat_template": "O:{{ messages[0].content }}"}"#;
+        let b = ModelBundle::from_files("m", files(&tok, Some(one), None), bs).unwrap();
+        assert_eq!(
+            (chat(&b, false), chat(&b, true)),
+            ("O:hi".into(), "O:hi".into())
+        );
+        // chat_template.jinja wins over the config's (and needs no config at all)
+        let jinja = "J:{{ messages[0].content }}";
+        let b = ModelBundle::from_files("m", files(&tok, Some(one), Some(jinja)), bs).unwrap();
+        assert_eq!(chat(&b, false), "J:hi");
+        let b = ModelBundle::from_files("m", files(&tok, None, Some(jinja)), bs).unwrap();
+        assert_eq!(chat(&b, false), "J:hi");
+        // a list without `default`: chat is refused as unrenderable (the pod decides)
+        let no_default = r#"{"chat_template": [{"name": "rag", "template": "R"}]}"#;
+        let b = ModelBundle::from_files("m", files(&tok, Some(no_default), None), bs).unwrap();
+        let req = parse_request(
+            Endpoint::ChatCompletions,
+            br#"{"messages": [{"role": "user", "content": "hi"}]}"#,
+        )
+        .unwrap();
+        assert!(b.prepare(&req).unwrap_err().is_unrenderable());
     }
 }

@@ -175,6 +175,10 @@ pub struct TokenizerSource {
     /// Path of `tokenizer_config.json` (the chat template, BOS/EOS tokens); `null` for none.
     #[serde(default = "default_tokenizer_config_path")]
     pub config_path: Option<String>,
+    /// Path of `chat_template.jinja`, for models that keep their chat template in a file of
+    /// its own (it wins over `tokenizer_config.json`'s); none by default.
+    #[serde(default)]
+    pub template_path: Option<String>,
     /// `:authority` of the requests (the cluster's virtual host).
     #[serde(default = "default_tokenizer_authority")]
     pub authority: String,
@@ -309,6 +313,7 @@ impl RouterConfig {
             for (field, path) in [
                 ("tokenizer.path", Some(&t.path)),
                 ("tokenizer.config_path", t.config_path.as_ref()),
+                ("tokenizer.template_path", t.template_path.as_ref()),
             ] {
                 if path.is_some_and(|p| !p.starts_with('/')) {
                     return Err(err(field, "must be an absolute path (/…)"));

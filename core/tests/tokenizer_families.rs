@@ -237,3 +237,53 @@ fn long_words_match() {
         common::check_long_words(f, &tokenizer(f));
     }
 }
+
+/// The same model with its chat template moved from `tokenizer_config.json` into
+/// `chat_template.jinja` (Hugging Face's newer layout) renders and tokenizes every chat
+/// exactly as before, on the real files of each family that ships a template (Qwen2.5; the
+/// Llama-3.2 package's config has none).
+#[test]
+fn a_template_moved_into_chat_template_jinja_renders_the_same() {
+    let mut checked = 0;
+    use prefix_core::model::ModelFiles;
+    use prefix_core::request::{parse_request, Endpoint};
+    use prefix_core::{BlockSize, ModelBundle};
+    let repo = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+    for f in FAMILIES {
+        let dir = defaults::data_dir(repo).join("tokenizers").join(f);
+        let json = std::fs::read(dir.join("tokenizer.json")).unwrap();
+        let cfg_bytes = std::fs::read(dir.join("tokenizer_config.json")).unwrap();
+        let mut cfg: serde_json::Value = serde_json::from_slice(&cfg_bytes).unwrap();
+        let Some(template) = cfg.as_object_mut().unwrap().remove("chat_template") else {
+            continue;
+        };
+        checked += 1;
+        let stripped = cfg.to_string();
+        let bs = BlockSize::new(16).unwrap();
+        let bundle = |files| ModelBundle::from_files(f, files, bs).unwrap();
+        let inline = bundle(ModelFiles {
+            tokenizer_json: &json,
+            tokenizer_config_json: Some(&cfg_bytes),
+            chat_template_jinja: None,
+        });
+        let in_file = bundle(ModelFiles {
+            tokenizer_json: &json,
+            tokenizer_config_json: Some(stripped.as_bytes()),
+            chat_template_jinja: Some(template.as_str().unwrap().as_bytes()),
+        });
+        for body in [
+            serde_json::json!({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]}),
+            serde_json::json!({"messages": [{"role": "user", "content": "Weather?"}],
+                "tools": [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]}),
+        ] {
+            let req =
+                parse_request(Endpoint::ChatCompletions, body.to_string().as_bytes()).unwrap();
+            assert_eq!(
+                inline.prepare(&req).unwrap(),
+                in_file.prepare(&req).unwrap(),
+                "{f}: {body}"
+            );
+        }
+    }
+    assert!(checked >= 1, "no family with a chat template");
+}

@@ -14,17 +14,19 @@
 use crate::host::{Host, Level};
 use crate::metrics::Metrics;
 use crate::router::Router;
+use prefix_core::model::ModelFiles;
 use prefix_core::router_config::{TokenizerSource, MAX_TOKENIZER_BYTES};
 use prefix_core::ModelBundle;
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::time::Duration;
 
-/// The two files of a model directory.
+/// The files of a model directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Part {
     Tokenizer,
     Config,
+    Template,
 }
 
 /// First retry delay; doubles per failure up to [`MAX_RETRY_NS`].
@@ -60,6 +62,9 @@ impl ModelFetch {
         let mut parts = vec![(Part::Tokenizer, src.path.as_str())];
         if let Some(p) = &src.config_path {
             parts.push((Part::Config, p.as_str()));
+        }
+        if let Some(p) = &src.template_path {
+            parts.push((Part::Template, p.as_str()));
         }
         for (part, path) in parts {
             let request = [
@@ -106,6 +111,7 @@ impl ModelFetch {
         let path = match part {
             Part::Tokenizer => src.path.as_str(),
             Part::Config => src.config_path.as_deref().unwrap_or(""),
+            Part::Template => src.template_path.as_deref().unwrap_or(""),
         };
         let body = host
             .http_call_ok_body(body_size, MAX_TOKENIZER_BYTES)
@@ -128,12 +134,15 @@ impl ModelFetch {
             .get(&Part::Tokenizer)
             .map(Vec::as_slice)
             .unwrap_or_default();
-        let cfg = got.get(&Part::Config).map(Vec::as_slice);
+        let files = ModelFiles {
+            tokenizer_json: json,
+            tokenizer_config_json: got.get(&Part::Config).map(Vec::as_slice),
+            chat_template_jinja: got.get(&Part::Template).map(Vec::as_slice),
+        };
         let started = host.now_nanos();
-        match ModelBundle::for_routing(
+        match ModelBundle::routing_from_files(
             &router.config.model_name,
-            json,
-            cfg,
+            files,
             router.config.block_size,
         ) {
             Ok(bundle) => {
@@ -150,7 +159,13 @@ impl ModelFetch {
                         router.config.model_name,
                         src.cluster,
                         json.len(),
-                        cfg.map_or(String::new(), |c| format!(" + {} bytes of tokenizer_config.json", c.len())),
+                        [
+                            (files.tokenizer_config_json, "tokenizer_config.json"),
+                            (files.chat_template_jinja, "chat_template.jinja"),
+                        ]
+                        .iter()
+                        .filter_map(|(f, name)| f.map(|b| format!(" + {} bytes of {name}", b.len())))
+                        .collect::<String>(),
                         started.saturating_sub(self.started_ns.get()) / 1_000_000,
                         now.saturating_sub(started) / 1_000_000,
                     ),

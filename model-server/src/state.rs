@@ -7,6 +7,7 @@ use crate::engine::sim::{SimCosts, SimEngine};
 use crate::engine::{Cache, Engine};
 use crate::metrics::Metrics;
 use anyhow::Context;
+use prefix_core::model::ModelFiles;
 use prefix_core::{BlockSize, ModelBundle};
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,8 +38,22 @@ pub fn load_bundle(config: &Config) -> anyhow::Result<ModelBundle> {
         Some(p) => Some(std::fs::read(p).with_context(|| format!("reading {}", p.display()))?),
         None => None,
     };
+    // Hugging Face's newer layout keeps the chat template in a file of its own
+    let jinja_path = json_path.with_file_name("chat_template.jinja");
+    let jinja = match jinja_path.is_file() {
+        true => Some(
+            std::fs::read(&jinja_path)
+                .with_context(|| format!("reading {}", jinja_path.display()))?,
+        ),
+        false => None,
+    };
     let block_size = BlockSize::new(config.block_size).context("invalid --block-size")?;
-    ModelBundle::new(&config.served_model_name, &json, cfg.as_deref(), block_size)
+    let files = ModelFiles {
+        tokenizer_json: &json,
+        tokenizer_config_json: cfg.as_deref(),
+        chat_template_jinja: jinja.as_deref(),
+    };
+    ModelBundle::from_files(&config.served_model_name, files, block_size)
         .map(|b| b.with_adapters(config.lora_adapters.clone()))
         .with_context(|| format!("loading tokenizer {}", json_path.display()))
 }

@@ -197,6 +197,7 @@ impl EnvoySettings {
             block_size: self.block_size,
             adapters: self.adapters.clone(),
             tokenizer: self.tokenizer_files()?,
+            template: template_file(self.tokenizer_dir.as_deref(), self.tokenizer_dir_remote),
             tokenizer_prefix: String::new(),
         }];
         for (i, m) in self.more_models.iter().enumerate() {
@@ -209,6 +210,7 @@ impl EnvoySettings {
                 block_size: m.block_size.unwrap_or(self.block_size),
                 adapters: m.adapters.clone(),
                 tokenizer: tokenizer_files(m.tokenizer_dir.as_deref(), self.tokenizer_dir_remote)?,
+                template: template_file(m.tokenizer_dir.as_deref(), self.tokenizer_dir_remote),
                 tokenizer_prefix: format!("/models/{n}"),
             });
         }
@@ -277,7 +279,8 @@ impl EnvoySettings {
                     "tokenizer".into(),
                     json!({"cluster": ASSETS_CLUSTER,
                            "path": format!("{prefix}/tokenizer.json"),
-                           "config_path": cfg.is_some().then(|| format!("{prefix}/tokenizer_config.json"))}),
+                           "config_path": cfg.is_some().then(|| format!("{prefix}/tokenizer_config.json")),
+                           "template_path": pool.template.is_some().then(|| format!("{prefix}/chat_template.jinja"))}),
                 );
             }
             if self.membership != Membership::Static {
@@ -359,6 +362,8 @@ struct Pool {
     block_size: u32,
     adapters: Vec<String>,
     tokenizer: Option<(PathBuf, Option<PathBuf>)>,
+    /// `chat_template.jinja` beside the tokenizer, when the model keeps its template there
+    template: Option<PathBuf>,
     /// where the assets listener serves its tokenizer files (`""`: at the root)
     tokenizer_prefix: String,
 }
@@ -384,6 +389,13 @@ fn tokenizer_files(
     }
     let cfg = dir.join("tokenizer_config.json");
     Ok(Some((json, cfg.is_file().then_some(cfg))))
+}
+
+/// A local model directory's `chat_template.jinja`, if it has one (a directory that exists
+/// only where Envoy runs is taken to keep its template in `tokenizer_config.json`).
+fn template_file(dir: Option<&Path>, remote: bool) -> Option<PathBuf> {
+    let file = std::path::absolute(dir?.join("chat_template.jinja")).ok()?;
+    (!remote && file.is_file()).then_some(file)
 }
 
 /// The cluster (and loopback listener) through which Envoy serves the tokenizer files.
@@ -478,6 +490,7 @@ pub fn render_unchecked(settings: &EnvoySettings, template_dir: &Path) -> anyhow
             "tokenizer_prefix": p.tokenizer_prefix,
             "tokenizer_json": p.tokenizer.as_ref().map(|(j, _)| path(j)),
             "tokenizer_config": p.tokenizer.as_ref().and_then(|(_, c)| c.as_ref().map(path)),
+            "chat_template": p.template.as_ref().map(path),
         }));
     }
     let mut env = minijinja::Environment::new();

@@ -82,3 +82,58 @@ fn a_broken_tokenizer_source_costs_no_request() {
     assert_eq!(f.stat(&f.envoy, "prefix_router_tokenizer_loaded"), 0.0);
     assert!(f.envoy.proc.log_tail().contains("not loaded (unusable"));
 }
+
+/// A model that keeps its chat template in `chat_template.jinja` (Hugging Face's newer
+/// layout; its `tokenizer_config.json` has none): Envoy serves the file, the filter fetches
+/// it, and pods given the same directory render with it, so chat prompts hash alike and
+/// stick. Without the file the filter could not render them at all (reason `fallback`).
+#[test]
+fn a_chat_template_in_its_own_file_is_fetched_and_used() {
+    let src = model_server::config::default_model_dir();
+    let dir = test_harness::cluster::run_dir("jinja-model");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(src.join("tokenizer.json"), dir.join("tokenizer.json")).unwrap();
+    let mut cfg: Value =
+        serde_json::from_slice(&std::fs::read(src.join("tokenizer_config.json")).unwrap()).unwrap();
+    let template = cfg
+        .as_object_mut()
+        .unwrap()
+        .remove("chat_template")
+        .unwrap();
+    std::fs::write(dir.join("tokenizer_config.json"), cfg.to_string()).unwrap();
+    // a template of its own: the built-in one behind a line of its own
+    let jinja = format!("[from chat_template.jinja]\n{}", template.as_str().unwrap());
+    std::fs::write(dir.join("chat_template.jinja"), jinja).unwrap();
+    let mut pod_args = ZERO_COST.to_vec();
+    let tokenizer = dir.display().to_string();
+    pod_args.extend(["--tokenizer", tokenizer.as_str()]);
+    let assets = free_port().unwrap();
+    let f = Fleet::start("tokenizer-jinja", 3, &pod_args, |s| {
+        s.tokenizer_dir = Some(dir.clone());
+        s.assets_port = assets;
+        s.poll_interval_ms = 200;
+    })
+    .unwrap();
+    let rendered = f.tokenize(&chat());
+    assert!(rendered["count"].as_u64().unwrap() > 0, "{rendered}");
+    let routed = f.wait(Duration::from_secs(20), || {
+        (0..4).all(|_| f.send("/v1/chat/completions", &chat(), &[]).reason() != "fallback")
+    });
+    assert!(
+        routed,
+        "the filter never rendered chat with the fetched template"
+    );
+    let first = f.send("/v1/chat/completions", &chat(), &[]);
+    assert_eq!(
+        json!(first.header("x-prefix-router-prefix-hash")),
+        f.pod_prefix_hash(&chat()),
+        "the filter and the pods render with the same file"
+    );
+    assert!(f
+        .envoy
+        .proc
+        .log_tail()
+        .contains("bytes of chat_template.jinja"));
+    let again = f.send("/v1/chat/completions", &chat(), &[]);
+    assert_eq!(again.reason(), "prefix-hit");
+}

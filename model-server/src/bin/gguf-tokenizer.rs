@@ -28,7 +28,9 @@ fn main() -> anyhow::Result<()> {
     let tok_path = args.out_dir.join("tokenizer.json");
     std::fs::write(&tok_path, serde_json::to_vec(&tokenizer)?)?;
     let config = TokenizerConfig {
-        chat_template: info.chat_template,
+        chat_template: info
+            .chat_template
+            .map(prefix_core::model::ChatTemplateField::One),
         bos_token: info.bos_token,
         eos_token: info.eos_token,
     };
