@@ -97,6 +97,9 @@ pub struct ModelBundle {
     /// their blocks are keyed apart from the base model's and from each other's (as vLLM
     /// keys cached blocks by adapter), so they never share a cached prefix.
     adapters: Vec<String>,
+    /// Other names the model is served under (vLLM takes several `--served-model-name`s):
+    /// requests naming one are this model's own, with the same blocks.
+    aliases: Vec<String>,
     tokenizer: Tokenizer,
     /// The chat template (`default`), and the one for requests that pass tools when the
     /// model ships one (`tool_use`).
@@ -227,6 +230,7 @@ impl ModelBundle {
         Ok(ModelBundle {
             name: name.to_owned(),
             adapters: Vec::new(),
+            aliases: Vec::new(),
             tokenizer,
             template,
             tool_template,
@@ -242,6 +246,16 @@ impl ModelBundle {
     pub fn with_adapters(mut self, adapters: Vec<String>) -> Self {
         self.adapters = adapters;
         self
+    }
+
+    /// The same bundle, also answering to these other names of the model.
+    pub fn with_aliases(mut self, aliases: Vec<String>) -> Self {
+        self.aliases = aliases;
+        self
+    }
+
+    pub fn aliases(&self) -> &[String] {
+        &self.aliases
     }
 
     pub fn adapters(&self) -> &[String] {
@@ -267,10 +281,14 @@ impl ModelBundle {
     /// 404 when the request names a model other than this one (an absent model is fine).
     pub fn check_model(&self, req: &InferenceRequest) -> Result<(), ApiError> {
         match &req.model {
-            Some(m) if m != &self.name && !self.adapters.contains(m) => Err(ApiError::not_found(
-                format!("The model '{m}' does not exist (served: '{}')", self.name),
-                Some("model"),
-            )),
+            Some(m)
+                if m != &self.name && !self.aliases.contains(m) && !self.adapters.contains(m) =>
+            {
+                Err(ApiError::not_found(
+                    format!("The model '{m}' does not exist (served: '{}')", self.name),
+                    Some("model"),
+                ))
+            }
             _ => Ok(()),
         }
     }
@@ -491,6 +509,14 @@ mod tests {
         assert!(sql.iter().all(|h| !chat.contains(h)));
         assert_eq!(hashes(&b, "sql-lora").unwrap(), sql, "stable");
         assert_eq!(hashes(&b, "other").unwrap_err().status, 404);
+    }
+
+    #[test]
+    fn aliases_are_the_model_itself() {
+        let b = bundle().with_aliases(vec!["smol".into()]);
+        assert_eq!(hashes(&b, "smol").unwrap(), hashes(&b, "base").unwrap());
+        assert_ne!(hashes(&b, "smol").unwrap(), hashes(&b, "sql-lora").unwrap());
+        assert_eq!(hashes(&bundle(), "smol").unwrap_err().status, 404);
     }
 
     fn chat(b: &ModelBundle, tools: bool) -> String {

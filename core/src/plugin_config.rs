@@ -113,8 +113,11 @@ impl PluginConfig {
         let Some(name) = model else {
             return ModelChoice::Served(0);
         };
-        let serves =
-            |c: &RouterConfig| c.model_name == name || c.adapters.iter().any(|a| a == name);
+        let serves = |c: &RouterConfig| {
+            c.model_name == name
+                || c.aliases.iter().any(|a| a == name)
+                || c.adapters.iter().any(|a| a == name)
+        };
         match (self.models.iter().position(serves), self.unknown_model) {
             (Some(i), _) => ModelChoice::Served(i),
             (None, UnknownModel::RouteTo(i)) => ModelChoice::Unknown(i),
@@ -215,7 +218,7 @@ mod tests {
                 "models":[
                   {"model_name":"a","pods":["127.0.0.1:8001"]},
                   {"model_name":"b","pods":["127.0.0.1:9001"],"block_size":32,
-                   "adapters":["b-sql"],"route_cluster":"pods_b"}],
+                   "adapters":["b-sql"],"aliases":["b-latest"],"route_cluster":"pods_b"}],
                 "unknown_model":"b"}"#,
         )
         .unwrap();
@@ -230,6 +233,7 @@ mod tests {
         assert_eq!((c.max_body_bytes(), c.debug_headers()), (4096, true));
         assert_eq!(c.choose(Some("a")), ModelChoice::Served(0));
         assert_eq!(c.choose(Some("b-sql")), ModelChoice::Served(1));
+        assert_eq!(c.choose(Some("b-latest")), ModelChoice::Served(1));
         assert_eq!(c.choose(None), ModelChoice::Served(0));
         assert_eq!(c.choose(Some("zzz")), ModelChoice::Unknown(1));
         let reject = parse(r#"{"models":[{"pods":["127.0.0.1:1"]}],"unknown_model":"reject"}"#);

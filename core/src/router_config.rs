@@ -70,6 +70,11 @@ pub struct RouterConfig {
     /// their blocks keyed apart (different adapters never share a cached prefix).
     #[serde(default)]
     pub adapters: Vec<String>,
+    /// Other names the pods serve the model under (vLLM's several `--served-model-name`s;
+    /// `model_name` is the first, the one that seeds the hashes): requests naming one are
+    /// routed as the model's own, sharing its blocks.
+    #[serde(default)]
+    pub aliases: Vec<String>,
     /// Largest request body the filter buffers; larger bodies get 413.
     #[serde(default = "default_max_body_bytes")]
     pub max_body_bytes: usize,
@@ -343,6 +348,21 @@ impl RouterConfig {
                 ));
             }
         }
+        if self.aliases.len() > MAX_ADAPTERS {
+            return Err(err("aliases", format!("at most {MAX_ADAPTERS} names")));
+        }
+        for (i, a) in self.aliases.iter().enumerate() {
+            if a.is_empty()
+                || *a == self.model_name
+                || self.adapters.contains(a)
+                || self.aliases[..i].contains(a)
+            {
+                return Err(err(
+                    &format!("aliases[{i}]"),
+                    format!("'{a}' must be a non-empty name, unique, and neither the model's nor an adapter's"),
+                ));
+            }
+        }
         if !(64..=64 * 1024 * 1024).contains(&self.max_body_bytes) {
             return Err(err("max_body_bytes", "must be between 64 and 67108864"));
         }
@@ -523,6 +543,18 @@ mod tests {
             (
                 r#"{"pods":["1.2.3.4:5"],"model_name":"m","adapters":["m"]}"#,
                 "adapters[0]",
+            ),
+            (
+                r#"{"pods":["1.2.3.4:5"],"model_name":"m","aliases":["m"]}"#,
+                "aliases[0]",
+            ),
+            (
+                r#"{"pods":["1.2.3.4:5"],"adapters":["x"],"aliases":["y","x"]}"#,
+                "aliases[1]",
+            ),
+            (
+                r#"{"pods":["1.2.3.4:5"],"pod_credentials":{"value_from_env":""}}"#,
+                "pod_credentials.value_from_env",
             ),
             (
                 r#"{"pods":["1.2.3.4:5"],"tokenizer":{"cluster":""}}"#,

@@ -147,9 +147,11 @@ impl ModelFetch {
         ) {
             Ok(bundle) => {
                 let now = host.now_nanos();
-                let _ = router
-                    .bundle
-                    .set(bundle.with_adapters(router.config.adapters.clone()));
+                let _ = router.bundle.set(
+                    bundle
+                        .with_adapters(router.config.adapters.clone())
+                        .with_aliases(router.config.aliases.clone()),
+                );
                 metrics.tokenizer_loaded(true);
                 self.failures.set(0);
                 host.log(

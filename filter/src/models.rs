@@ -188,6 +188,7 @@ impl<H: Host> Models<H> {
                     "owned_by": "prefix-router", "root": base, "parent": parent})
             };
             data.push(entry(base, None));
+            data.extend(m.aliases.iter().map(|a| entry(a, None)));
             data.extend(m.adapters.iter().map(|a| entry(a, Some(base))));
         }
         serde_json::json!({"object": "list", "data": data}).to_string()

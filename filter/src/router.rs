@@ -138,7 +138,12 @@ impl Router {
         );
         let layout = TableLayout::new(&format!("{namespace}/table"), config.table_capacity);
         let bundle = bundle
-            .map(|b| OnceCell::from(b.with_adapters(config.adapters.clone())))
+            .map(|b| {
+                OnceCell::from(
+                    b.with_adapters(config.adapters.clone())
+                        .with_aliases(config.aliases.clone()),
+                )
+            })
             .unwrap_or_default();
         let keys = Keys::new(&namespace);
         let fleet = fleet_id(

@@ -157,6 +157,7 @@ async fn models(State(s): State<Arc<AppState>>) -> Json<Value> {
     };
     // as vLLM lists LoRA modules: each with the base model as its parent
     let data: Vec<Value> = std::iter::once(card(base, None))
+        .chain(s.bundle.aliases().iter().map(|a| card(a, None)))
         .chain(s.bundle.adapters().iter().map(|a| card(a, Some(base))))
         .collect();
     Json(json!({"object": "list", "data": data}))

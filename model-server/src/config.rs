@@ -88,6 +88,11 @@ pub struct Config {
     /// Name the model is served under (requests naming another model get 404).
     #[arg(long, default_value = DEFAULT_MODEL_NAME)]
     pub served_model_name: String,
+    /// Other names the model is also served under (comma-separated; vLLM takes several
+    /// `--served-model-name`s): requests naming one are served as the model's own, with the
+    /// same cached blocks; `/v1/models` lists them all.
+    #[arg(long, value_delimiter = ',')]
+    pub served_model_aliases: Vec<String>,
     /// LoRA adapter names also served (comma-separated), for routing tests: requests may
     /// name them as `model`, and their prompts are cached apart from the base model's and
     /// each other's, as vLLM keys blocks by adapter. The sim engine only (no adapter weights

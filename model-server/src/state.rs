@@ -54,7 +54,10 @@ pub fn load_bundle(config: &Config) -> anyhow::Result<ModelBundle> {
         chat_template_jinja: jinja.as_deref(),
     };
     ModelBundle::from_files(&config.served_model_name, files, block_size)
-        .map(|b| b.with_adapters(config.lora_adapters.clone()))
+        .map(|b| {
+            b.with_adapters(config.lora_adapters.clone())
+                .with_aliases(config.served_model_aliases.clone())
+        })
         .with_context(|| format!("loading tokenizer {}", json_path.display()))
 }
 

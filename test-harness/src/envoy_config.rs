@@ -54,6 +54,8 @@ pub struct EnvoySettings {
     pub model_name: String,
     /// LoRA adapters the pods serve on top of `model_name`.
     pub adapters: Vec<String>,
+    /// Other names the pods serve the model under (plugin `aliases`).
+    pub aliases: Vec<String>,
     /// More models on the same listener, each with its own pods (cluster `pods_<n>`, n from
     /// 1), tokenizer and block size ([`ExtraModel`]).
     pub more_models: Vec<ExtraModel>,
@@ -165,6 +167,7 @@ impl EnvoySettings {
             block_size: defaults::BLOCK_SIZE,
             model_name: defaults::MODEL_NAME.into(),
             adapters: Vec::new(),
+            aliases: Vec::new(),
             more_models: Vec::new(),
             max_body_bytes: defaults::MAX_BODY_BYTES,
             debug_headers: true,
@@ -196,6 +199,7 @@ impl EnvoySettings {
             members: self.members.clone().unwrap_or_else(|| self.pods.clone()),
             block_size: self.block_size,
             adapters: self.adapters.clone(),
+            aliases: self.aliases.clone(),
             tokenizer: self.tokenizer_files()?,
             template: template_file(self.tokenizer_dir.as_deref(), self.tokenizer_dir_remote),
             tokenizer_prefix: String::new(),
@@ -209,6 +213,7 @@ impl EnvoySettings {
                 members: m.pods.clone(),
                 block_size: m.block_size.unwrap_or(self.block_size),
                 adapters: m.adapters.clone(),
+                aliases: m.aliases.clone(),
                 tokenizer: tokenizer_files(m.tokenizer_dir.as_deref(), self.tokenizer_dir_remote)?,
                 template: template_file(m.tokenizer_dir.as_deref(), self.tokenizer_dir_remote),
                 tokenizer_prefix: format!("/models/{n}"),
@@ -267,6 +272,9 @@ impl EnvoySettings {
             "model_name": pool.model_name,
         });
         if let Some(obj) = v.as_object_mut() {
+            if !pool.aliases.is_empty() {
+                obj.insert("aliases".into(), json!(pool.aliases));
+            }
             if !pool.adapters.is_empty() {
                 obj.insert("adapters".into(), json!(pool.adapters));
             }
@@ -304,6 +312,8 @@ pub struct ExtraModel {
     /// Default: the first model's.
     pub block_size: Option<u32>,
     pub adapters: Vec<String>,
+    /// Other names of the model.
+    pub aliases: Vec<String>,
 }
 
 impl std::str::FromStr for ExtraModel {
@@ -315,6 +325,7 @@ impl std::str::FromStr for ExtraModel {
             tokenizer_dir: None,
             block_size: None,
             adapters: Vec::new(),
+            aliases: Vec::new(),
         };
         let list = |v: &str| {
             v.split(',')
@@ -337,9 +348,10 @@ impl std::str::FromStr for ExtraModel {
                     )
                 }
                 "adapters" => m.adapters = list(v),
+                "aliases" => m.aliases = list(v),
                 other => {
                     return Err(format!(
-                        "unknown key '{other}' (name, pods, tokenizer-dir, block-size, adapters)"
+                        "unknown key '{other}' (name, pods, tokenizer-dir, block-size, adapters, aliases)"
                     ))
                 }
             }
@@ -361,6 +373,7 @@ struct Pool {
     members: Vec<String>,
     block_size: u32,
     adapters: Vec<String>,
+    aliases: Vec<String>,
     tokenizer: Option<(PathBuf, Option<PathBuf>)>,
     /// `chat_template.jinja` beside the tokenizer, when the model keeps its template there
     template: Option<PathBuf>,

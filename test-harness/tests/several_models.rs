@@ -77,6 +77,7 @@ fn fleet() -> Fleet {
                 tokenizer_dir: Some(qwen_dir),
                 block_size: Some(16),
                 adapters: vec![QWEN_LORA.into()],
+                aliases: Vec::new(),
             }];
         },
         &dir,
@@ -241,4 +242,39 @@ fn each_model_sticks_by_prefix_in_its_own_pool() {
         &[],
     );
     assert_eq!(smol.status, 200, "{}", smol.body);
+}
+
+/// A model served under two names (vLLM's several `--served-model-name`s): a prompt sent under
+/// one name and then the other lands on the same pod and reuses its blocks.
+#[test]
+fn a_model_served_under_two_names_shares_its_blocks() {
+    let mut pod_args = test_harness::fleet::ZERO_COST.to_vec();
+    pod_args.extend(["--served-model-aliases", "smol"]);
+    let f = test_harness::fleet::Fleet::start("model-aliases", 3, &pod_args, |s| {
+        s.aliases = vec!["smol".into()];
+    })
+    .unwrap();
+    let lead = "Before paging anyone, check the dashboards, the last deploy and the error budget. ";
+    let body = |model: &str| serde_json::json!({"model": model, "prompt": lead.repeat(30), "max_tokens": 1});
+    let first = f.send("/v1/completions", &body("smol"), &[]);
+    assert_eq!(first.status, 200, "{}", first.body);
+    let again = f.send(
+        "/v1/completions",
+        &body(prefix_core::protocol::defaults::MODEL_NAME),
+        &[],
+    );
+    assert_eq!(again.status, 200, "{}", again.body);
+    assert_eq!(
+        (again.reason(), again.pod.as_str()),
+        ("prefix-hit", first.pod.as_str())
+    );
+    assert!(again.cached() > 0);
+    let models: serde_json::Value = f
+        .http
+        .get(f.envoy.url("/v1/models"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert!(models.to_string().contains("\"smol\""), "{models}");
 }

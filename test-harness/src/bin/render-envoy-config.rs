@@ -79,6 +79,11 @@ struct Args {
     /// the same pool, their prompts cached apart.
     #[arg(long, value_delimiter = ',')]
     adapters: Vec<String>,
+    /// Other names the pods serve the model under (comma-separated; vLLM's several
+    /// `--served-model-name`s after the first, which is --model-name): requests naming one
+    /// are routed as the model's own.
+    #[arg(long, value_delimiter = ',')]
+    model_aliases: Vec<String>,
     /// Another model on the same listener, with its own pods (a cluster of their own),
     /// tokenizer and block size; repeatable. Space-separated key=value pairs:
     /// `name=Qwen2.5-0.5B-Instruct pods=10.0.0.7:8000,10.0.0.8:8000 tokenizer-dir=DIR
@@ -167,6 +172,7 @@ fn main() -> anyhow::Result<()> {
     s.tokenizer_dir = a.tokenizer_dir;
     s.tokenizer_dir_remote = a.tokenizer_dir_in_envoy;
     s.adapters = a.adapters;
+    s.aliases = a.model_aliases;
     s.more_models = a.add_model;
     if let Some(u) = a.unknown_model {
         s.extra.insert("unknown_model".into(), serde_json::json!(u));
