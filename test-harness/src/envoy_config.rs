@@ -78,9 +78,22 @@ pub struct EnvoySettings {
     pub pod_api_key_env: Option<String>,
     /// Environment variables Envoy is started with (tests: the pods' API key).
     pub env: Vec<(String, String)>,
+    /// TLS (or mTLS) to the pods, for requests and the filter's polls alike.
+    pub pod_tls: Option<PodTls>,
     /// Paths routed to the pods besides the OpenAI API's completions, chat and models (e.g.
     /// `/v1/responses` where the pods serve it); everything else is 404 at Envoy.
     pub extra_api_paths: Vec<String>,
+}
+
+/// TLS to the pods: the CA their certificates are checked against, the name they must carry
+/// (sent as SNI and matched against their certificate's DNS names), and a client certificate
+/// for pods (or their mesh sidecars) that require mutual TLS. Files where Envoy runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodTls {
+    pub ca: PathBuf,
+    pub sni: Option<String>,
+    /// Client certificate chain and its private key.
+    pub cert: Option<(PathBuf, PathBuf)>,
 }
 
 /// How the gateway protects itself: connection and heap limits (Envoy's overload manager)
@@ -180,6 +193,7 @@ impl EnvoySettings {
             extra_api_paths: Vec::new(),
             pod_api_key_env: None,
             env: Vec::new(),
+            pod_tls: None,
         }
     }
 
@@ -519,6 +533,12 @@ pub fn render_unchecked(settings: &EnvoySettings, template_dir: &Path) -> anyhow
         "max_heap_bytes": settings.limits.max_heap_bytes,
         "api_paths_regex": paths_regex(&settings.extra_api_paths),
         "not_found_body": NOT_FOUND_BODY,
+        "pod_tls": settings.pod_tls.as_ref().map(|t| json!({
+            "ca": t.ca.display().to_string(),
+            "sni": t.sni,
+            "cert": t.cert.as_ref().map(|(c, _)| c.display().to_string()),
+            "key": t.cert.as_ref().map(|(_, k)| k.display().to_string()),
+        })),
         "pod_credentials_env": settings.pod_api_key_env.as_ref().filter(|_| settings.wasm.is_some()),
         "listen_port": settings.listen_port,
         "listen_address": settings.listen_address,

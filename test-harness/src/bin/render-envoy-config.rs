@@ -13,7 +13,7 @@ use prefix_core::router_config::{DEFAULT_POLL_INTERVAL_MS, DEFAULT_TABLE_CAPACIT
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use test_harness::envoy_config::{
-    configmap, render, EnvoySettings, ExtraModel, Limits, Membership,
+    configmap, render, EnvoySettings, ExtraModel, Limits, Membership, PodTls,
 };
 use test_harness::paths;
 
@@ -115,6 +115,19 @@ struct Args {
     /// the filter and never written in the config. Clients send their own key as always.
     #[arg(long)]
     pod_api_key_env: Option<String>,
+    /// TLS to the pods (requests and the filter's polls): the CA file (PEM) their certificates
+    /// are checked against.
+    #[arg(long)]
+    pod_tls_ca: Option<PathBuf>,
+    /// The name the pods' certificates must carry (a DNS SAN), also sent as SNI.
+    #[arg(long, requires = "pod_tls_ca")]
+    pod_tls_sni: Option<String>,
+    /// A client certificate chain (PEM) for mutual TLS with the pods (with --pod-tls-key).
+    #[arg(long, requires_all = ["pod_tls_ca", "pod_tls_key"])]
+    pod_tls_cert: Option<PathBuf>,
+    /// The client certificate's private key (PEM).
+    #[arg(long, requires = "pod_tls_cert")]
+    pod_tls_key: Option<PathBuf>,
     /// Another path routed to the pods besides /v1/completions, /v1/chat/completions and
     /// /v1/models (e.g. /v1/responses where the pods serve it); repeatable. Every other path
     /// is 404 at Envoy: the pods' metrics, cache events and tokenize endpoints are not public.
@@ -180,6 +193,11 @@ fn main() -> anyhow::Result<()> {
     s.assets_port = a.assets_port;
     s.extra_api_paths = a.inference_paths;
     s.pod_api_key_env = a.pod_api_key_env;
+    s.pod_tls = a.pod_tls_ca.map(|ca| PodTls {
+        ca,
+        sni: a.pod_tls_sni,
+        cert: a.pod_tls_cert.zip(a.pod_tls_key),
+    });
     s.limits = Limits {
         route_timeout: a.route_timeout,
         stream_idle_timeout: a.stream_idle_timeout,
