@@ -98,7 +98,7 @@ fn sidecars(dir: &Path, pods: &[String]) -> (Proc, Vec<String>) {
     let d = |f: &str| dir.join(f).display().to_string();
     let mut listeners = String::new();
     let mut fronts = Vec::new();
-    for (i, pod) in pods.iter().enumerate() {
+    for i in 0..pods.len() {
         let port = free_port().unwrap();
         fronts.push(format!("127.0.0.1:{port}"));
         listeners += &format!(
