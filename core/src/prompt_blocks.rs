@@ -158,9 +158,13 @@ impl<'a> PromptBlocks<'a> {
     pub fn estimated_tokens(&self) -> usize {
         let Some(p) = &self.pending else {
             return match self.stopped {
-                // the unread text at the read part's tokens per byte
+                // the unread text at the read part's tokens per byte (a quarter, English's,
+                // when nothing was read: a one-word megabyte)
                 Some((read, total)) => {
-                    let per_byte = self.tokens.len() as f64 / read.max(1) as f64;
+                    let per_byte = match read {
+                        0 => 0.25,
+                        _ => self.tokens.len() as f64 / read as f64,
+                    };
                     self.tokens.len()
                         + (total.saturating_sub(read) as f64 * per_byte).ceil() as usize
                 }
@@ -265,6 +269,13 @@ mod tests {
             let est = p.estimated_tokens();
             assert!(est > p.tokens.len(), "{limit}: {est}");
         }
+        // one long word: nothing read, the length estimated at four bytes a token
+        let word = "a".repeat(100_000);
+        let mut p = PromptBlocks::lazy(&fast, Cow::Borrowed(&word), &[], &[], root, bs(16));
+        p.read_at_most(1000);
+        p.extend_to(usize::MAX);
+        assert_eq!(p.stopped_short(), Some((0, 100_000)));
+        assert_eq!((p.hashes().len(), p.estimated_tokens()), (0, 25_000));
         let mut p = PromptBlocks::lazy(&fast, Cow::Borrowed(&text), &[], &[9], root, bs(16));
         p.read_at_most(text.len());
         assert_eq!(
