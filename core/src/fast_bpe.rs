@@ -278,6 +278,15 @@ fn word(c: &[u8]) -> [u8; 8] {
     <[u8; 8]>::try_from(c).unwrap_or_default()
 }
 
+/// Whether the space at `b[i]` is one a text may be cut before ([`chunk_end`]'s rule): it
+/// follows a non-space ASCII character and precedes an ASCII letter.
+fn safe_space(b: &[u8], i: usize) -> bool {
+    let before = i.checked_sub(1).and_then(|j| b.get(j));
+    let next = b.get(i + 1);
+    matches!((before, next), (Some(&p), Some(&n))
+        if n.is_ascii_alphabetic() && p.is_ascii() && !p.is_ascii_whitespace())
+}
+
 /// Where the chunk of `b` that starts at `start` ends (`b.len()` for the last). A cut goes
 /// right before a space that follows a non-space ASCII character and precedes an ASCII
 /// letter: every split pattern here ends a word before such a space and starts the next one
@@ -292,10 +301,10 @@ fn chunk_end(b: &[u8], start: usize) -> usize {
     while let Some(off) = b.get(from..).and_then(|rest| memchr::memchr(b' ', rest)) {
         let i = from + off;
         from = i + 1;
-        let (Some(&before), Some(&next)) = (b.get(i - 1), b.get(i + 1)) else {
+        if i + 1 >= b.len() {
             break;
-        };
-        if !next.is_ascii_alphabetic() || !before.is_ascii() || before.is_ascii_whitespace() {
+        }
+        if !safe_space(b, i) {
             continue;
         }
         let Some(window) = b.get(i - 8..i).and_then(|w| <[u8; 8]>::try_from(w).ok()) else {
@@ -649,12 +658,7 @@ impl FastBpe {
         let mut end = max.min(b.len());
         while let Some(i) = b.get(..end).and_then(|head| memchr::memrchr(b' ', head)) {
             end = i;
-            let (Some(&before), Some(&next)) =
-                (i.checked_sub(1).and_then(|j| b.get(j)), b.get(i + 1))
-            else {
-                continue;
-            };
-            if !next.is_ascii_alphabetic() || !before.is_ascii() || before.is_ascii_whitespace() {
+            if !safe_space(b, i) {
                 continue;
             }
             // an added token matched across the cut would be lost to the prefix
