@@ -164,6 +164,9 @@ scrape_configs:
   honor_labels: true        # keep each pod's own pod="pod-N" label (model-server pods)
   static_configs:
   - targets: [${targets%, }]
+  relabel_configs:          # and label the others' (llama.cpp) with their address
+  - source_labels: [__address__]
+    target_label: pod
 - job_name: envoy
   metrics_path: /stats/prometheus
   static_configs:

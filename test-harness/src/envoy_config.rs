@@ -297,13 +297,16 @@ impl EnvoySettings {
             }
             if let Some((_, cfg)) = &pool.tokenizer {
                 let prefix = &pool.tokenizer_prefix;
-                obj.insert(
-                    "tokenizer".into(),
-                    json!({"cluster": ASSETS_CLUSTER,
-                           "path": format!("{prefix}/tokenizer.json"),
-                           "config_path": cfg.is_some().then(|| format!("{prefix}/tokenizer_config.json")),
-                           "template_path": pool.template.is_some().then(|| format!("{prefix}/chat_template.jinja"))}),
-                );
+                let mut source = json!({"cluster": ASSETS_CLUSTER,
+                       "path": format!("{prefix}/tokenizer.json"),
+                       "config_path": cfg.is_some().then(|| format!("{prefix}/tokenizer_config.json"))});
+                if let (Some(_), Some(src)) = (&pool.template, source.as_object_mut()) {
+                    src.insert(
+                        "template_path".into(),
+                        json!(format!("{prefix}/chat_template.jinja")),
+                    );
+                }
+                obj.insert("tokenizer".into(), source);
             }
             if self.membership != Membership::Static {
                 obj.insert("discovery".into(), json!({"cluster": pool.cluster}));

@@ -20,13 +20,19 @@ pub struct Prometheus {
 /// One series of an instant-query result: its labels and value.
 pub type Sample = (BTreeMap<String, String>, f64);
 
-/// The scrape configuration: pods keep their own `pod` label (`honor_labels`); Envoy's admin
-/// stats (the filter's metrics) are a second job. Written as JSON, which is YAML.
+/// The scrape configuration: every pod target is labelled `pod` with its address, as the
+/// Kubernetes one labels it with its pod's name, and a server that sets its own `pod` keeps
+/// it (`honor_labels`); Envoy's admin stats (the filter's metrics) are a second job. Written
+/// as JSON, which is YAML.
 pub fn config_yaml(pods: &[String], envoy_admin: Option<u16>, rules: Option<&Path>) -> String {
+    let targets: Vec<_> = pods
+        .iter()
+        .map(|p| json!({"targets": [p], "labels": {"pod": p}}))
+        .collect();
     let mut jobs = vec![json!({
         "job_name": "pods",
         "honor_labels": true,
-        "static_configs": [{"targets": pods}],
+        "static_configs": targets,
     })];
     if let Some(port) = envoy_admin {
         jobs.push(json!({

@@ -264,3 +264,60 @@ fn a_filter_that_keeps_failing_fires_the_not_deciding_alert() {
     });
     assert!(fired, "PrefixRouterNotDeciding never fired");
 }
+
+/// The pods' panels and rules read one set of names (`pod:*`, labelled `pod`) whatever server
+/// a pod runs: with llama.cpp pods (whose series are `llamacpp:*` and carry no `pod` label of
+/// their own) every per-pod panel except the time-to-first-token one (llama.cpp has no such
+/// histogram) shows each pod, and the prefix-cache hit rate sees the repeated prompt.
+#[test]
+fn the_pod_panels_show_llama_cpp_pods() {
+    let stats_port = free_port().unwrap();
+    let f = Fleet::start_of(
+        test_harness::cluster::PodKind::LlamaCpp,
+        "observability-llama",
+        2,
+        &[],
+        |s| s.stats_port = Some(stats_port),
+    )
+    .unwrap();
+    let rules = rules_firing_at_once(&f.dir);
+    let prom =
+        Prometheus::start_with_rules(&f.addrs(), Some(stats_port), Some(&rules), &f.dir).unwrap();
+    prom.wait_for(
+        "llamacpp:prompt_tokens_total",
+        Duration::from_secs(30),
+        |s| s.len() == 2,
+    )
+    .unwrap();
+    let long = json!({"prompt": format!("{LEAD}{LEAD}"), "max_tokens": 2});
+    for _ in 0..4 {
+        assert_eq!(f.send("/v1/completions", &long, &[]).status, 200);
+    }
+    let dash: Value = serde_json::from_str(&observability("grafana-dashboard.json")).unwrap();
+    let mut per_pod = 0;
+    for panel in dash["panels"].as_array().unwrap() {
+        let title = panel["title"].as_str().unwrap();
+        for t in panel["targets"].as_array().unwrap() {
+            let expr = t["expr"].as_str().unwrap();
+            let pods_series = expr.starts_with("pod:") || expr.contains("llamacpp:");
+            if !pods_series {
+                continue;
+            }
+            per_pod += 1;
+            prom.wait_for(expr, Duration::from_secs(30), |s| {
+                f.addrs()
+                    .iter()
+                    .all(|a| s.iter().any(|(l, _)| l.get("pod") == Some(a)))
+            })
+            .unwrap_or_else(|e| panic!("{title}: {expr}: {e}"));
+        }
+    }
+    assert!(per_pod >= 5, "{per_pod} per-pod queries");
+    // the repeated prompt was served from a pod's cache, and the rule sees it
+    prom.wait_for(
+        "max(pod:prefix_cache_hit_ratio:rate5m)",
+        Duration::from_secs(30),
+        |s| s.first().is_some_and(|x| x.1 > 0.0),
+    )
+    .unwrap();
+}
