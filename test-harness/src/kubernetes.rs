@@ -72,8 +72,14 @@ pub fn envoy_settings(service: &str, port: u16) -> EnvoySettings {
     s.debug_headers = false;
     s.tokenizer_dir = Some(MODEL_IN_POD.into());
     s.tokenizer_dir_remote = true;
+    // below the Envoy container's 1 GiB limit (base/envoy.yaml), with room for the filter's
+    // V8 memory, which is not on Envoy's heap: overload actions come before the OOM kill
+    s.limits.max_heap_bytes = ENVOY_MAX_HEAP_BYTES;
     s
 }
+
+/// Envoy's heap limit in the overlays (its overload manager acts at 90 % and 95 %).
+pub const ENVOY_MAX_HEAP_BYTES: u64 = 640 << 20;
 
 /// Every generated file: path relative to the repository root, and content.
 pub fn generated() -> anyhow::Result<Vec<(PathBuf, String)>> {

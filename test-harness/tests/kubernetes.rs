@@ -275,6 +275,23 @@ fn the_objects_fit_together() {
         let in_init = MODEL_IN_POD.replace(&mount_of("wasm"), "/wasm");
         assert!(inits.contains(&format!("{in_init}/")), "{inits}");
         let config = configmap_file(&objs, "envoy-config", "envoy.yaml");
+        // the overload manager acts before the container's memory limit is reached
+        let limit = pod["containers"][0]["resources"]["limits"]["memory"]
+            .as_str()
+            .unwrap();
+        let limit_bytes: u64 = match limit.strip_suffix("Gi") {
+            Some(g) => g.parse::<u64>().unwrap() << 30,
+            None => limit.strip_suffix("Mi").unwrap().parse::<u64>().unwrap() << 20,
+        };
+        let heap = test_harness::kubernetes::ENVOY_MAX_HEAP_BYTES;
+        assert!(
+            config.contains(&format!("max_heap_size_bytes: {heap}")),
+            "{fleet}"
+        );
+        assert!(
+            heap * 4 <= limit_bytes * 3,
+            "{fleet}: heap {heap} vs limit {limit}"
+        );
         let (listen, _, stats) = ENVOY_PORTS;
         assert!(config.contains(&format!(
             "address: \"{service}.prefix-router.svc.cluster.local\", port_value: {port}"
