@@ -119,6 +119,17 @@ pub struct ModelFiles<'a> {
     pub chat_template_jinja: Option<&'a [u8]>,
 }
 
+impl<'a> ModelFiles<'a> {
+    /// `tokenizer.json` and, optionally, `tokenizer_config.json`; no `chat_template.jinja`.
+    pub fn new(tokenizer_json: &'a [u8], tokenizer_config_json: Option<&'a [u8]>) -> Self {
+        ModelFiles {
+            tokenizer_json,
+            tokenizer_config_json,
+            chat_template_jinja: None,
+        }
+    }
+}
+
 /// A request's prompt as tokens plus the hashes of its full blocks.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PreparedPrompt {
@@ -137,11 +148,7 @@ impl ModelBundle {
     ) -> Result<Self, BundleError> {
         Self::from_files(
             name,
-            ModelFiles {
-                tokenizer_json,
-                tokenizer_config_json,
-                chat_template_jinja: None,
-            },
+            ModelFiles::new(tokenizer_json, tokenizer_config_json),
             block_size,
         )
     }
@@ -170,11 +177,7 @@ impl ModelBundle {
     ) -> Result<Self, BundleError> {
         Self::routing_from_files(
             name,
-            ModelFiles {
-                tokenizer_json,
-                tokenizer_config_json,
-                chat_template_jinja: None,
-            },
+            ModelFiles::new(tokenizer_json, tokenizer_config_json),
             block_size,
         )
     }

@@ -809,26 +809,17 @@ mod tests {
         let mut s = stream(&f, &[(":method", "GET"), (":path", "/v1/models")]);
         s.ctx.request_headers(true);
         assert!(!f.0.crashed.get());
-        let mut s = stream(
-            &f,
-            &[
-                (":method", "GET"),
-                (":path", "/v1/models"),
-                ("x-crash", "1"),
-            ],
-        );
+        const CRASH: [(&str, &str); 3] = [
+            (":method", "GET"),
+            (":path", "/v1/models"),
+            ("x-crash", "1"),
+        ];
+        let mut s = stream(&f, &CRASH);
         s.ctx.request_headers(true);
         assert!(f.0.crashed.get());
         // not configured: the header means nothing
         let f = setup("");
-        let mut s = stream(
-            &f,
-            &[
-                (":method", "GET"),
-                (":path", "/v1/models"),
-                ("x-crash", "1"),
-            ],
-        );
+        let mut s = stream(&f, &CRASH);
         s.ctx.request_headers(true);
         assert!(!f.0.crashed.get());
     }
