@@ -1,7 +1,8 @@
 //! The serving pipeline: a parsed request and its prepared prompt in, a stream of [`Chunk`]s
-//! out. Context-length check → admission (a running slot, or a bounded wait) → prefix-cache
-//! lease (hits pinned, their prefill skipped) → engine on its own task → the prompt's new
-//! blocks stored once prefill is done → tokens relayed → usage and metrics at the end.
+//! out. Lengths checked ([`check_lengths`], by [`crate::api`] for every prompt of a request
+//! before any runs) → admission (a running slot, or a bounded wait) → prefix-cache lease
+//! (hits pinned, their prefill skipped) → engine on its own task → the prompt's new blocks
+//! stored once prefill is done → tokens relayed → usage and metrics at the end.
 //!
 //! HTTP and OpenAI response shapes are not here ([`crate::api`], [`crate::openai`]): this is
 //! what a request costs the pod, whatever shape it is answered in.
@@ -43,9 +44,9 @@ impl Drop for RunningGuard {
     }
 }
 
-/// Starts serving `req` (whose prompt is `prompt`). `Err` before anything was computed is
-/// the client's answer (400 too long, 429 queue full); afterwards everything arrives as
-/// chunks.
+/// Starts serving `req` (whose prompt is `prompt`, already checked by [`check_lengths`]:
+/// every prompt of a batch is, before any of them runs). `Err` before anything was computed
+/// is the client's answer (429 queue full); afterwards everything arrives as chunks.
 pub async fn serve(
     s: &Arc<AppState>,
     req: &InferenceRequest,
@@ -53,7 +54,6 @@ pub async fn serve(
     started: Instant,
 ) -> Result<mpsc::Receiver<Chunk>, ApiError> {
     let n_prompt = prompt.tokens.len();
-    check_lengths(&s.config, req, n_prompt)?;
 
     let metrics = &s.metrics;
     let slot = s

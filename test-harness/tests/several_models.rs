@@ -20,6 +20,16 @@ const SMOL: &str = "SmolLM2-135M-Instruct";
 const QWEN: &str = "Qwen2.5-0.5B-Instruct";
 const QWEN_LORA: &str = "qwen-sql";
 
+/// The model list as Envoy answers it.
+fn models_through(f: &Fleet) -> Value {
+    f.http
+        .get(f.envoy.url("/v1/models"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap()
+}
+
 fn chat(model: Option<&str>, question: &str) -> Value {
     let mut body = json!({"messages": [
         {"role": "system", "content": RUNBOOK},
@@ -178,13 +188,7 @@ fn each_model_sticks_by_prefix_in_its_own_pool() {
     assert_eq!(a.body["error"]["code"], "model_not_found", "{}", a.body);
     assert!(a.body["error"]["message"].as_str().unwrap().contains(QWEN));
     // the model list names every model and adapter
-    let list: Value = f
-        .http
-        .get(f.envoy.url("/v1/models"))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
+    let list = models_through(&f);
     let ids: Vec<&str> = list["data"]
         .as_array()
         .unwrap()
@@ -269,12 +273,6 @@ fn a_model_served_under_two_names_shares_its_blocks() {
         ("prefix-hit", first.pod.as_str())
     );
     assert!(again.cached() > 0);
-    let models: serde_json::Value = f
-        .http
-        .get(f.envoy.url("/v1/models"))
-        .send()
-        .unwrap()
-        .json()
-        .unwrap();
+    let models = models_through(&f);
     assert!(models.to_string().contains("\"smol\""), "{models}");
 }
