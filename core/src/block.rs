@@ -105,6 +105,16 @@ impl Default for BlockSize {
     }
 }
 
+/// The model name a chain's root is seeded with: the model's own, or for a request to one of
+/// its LoRA adapters, both names (an adapter computes different K/V from the same tokens).
+/// Whoever computes hashes for a pod (the filter, the `kv-events` sidecar) names roots so.
+pub fn model_seed(model: &str, adapter: Option<&str>) -> String {
+    match adapter {
+        Some(a) => format!("{model}\u{0}lora:{a}"),
+        None => model.to_owned(),
+    }
+}
+
 /// The root of a request's hash chain: model name plus optional tenant salt.
 pub fn root_hash(model: &str, cache_salt: Option<&str>) -> BlockHash {
     let salt = cache_salt.unwrap_or("");

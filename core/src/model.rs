@@ -267,10 +267,11 @@ impl ModelBundle {
 
     /// What seeds a request's block hashes: the base model, or base and adapter.
     fn hash_seed(&self, req: &InferenceRequest) -> String {
-        match &req.model {
-            Some(m) if self.adapters.contains(m) => format!("{}\u{0}lora:{m}", self.name),
-            _ => self.name.clone(),
-        }
+        let adapter = req
+            .model
+            .as_deref()
+            .filter(|m| self.adapters.iter().any(|a| a == m));
+        crate::block::model_seed(&self.name, adapter)
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {

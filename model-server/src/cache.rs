@@ -9,8 +9,8 @@
 //! Like vLLM, a request whose whole prompt is cached still recomputes its last block, because
 //! the engine needs at least one prompt token to produce the first output logits.
 
-use crate::events::{CacheEvent, EventLog, EventsPage};
 use lru::LruCache;
+use prefix_core::protocol::{CacheEvent, EventLog, EventsPage};
 use prefix_core::BlockHash;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -15,9 +15,9 @@
 //! - [`pipeline`]: serving a prepared request: context check, [`admission`] (running slots
 //!   and a bounded wait), [`cache`] lease, [`engine`] run, blocks stored, tokens relayed.
 //! - [`openai`]: the response shapes, whole or streamed (SSE).
-//! - [`cache`]: the block prefix cache (fixed-size blocks, LRU, pins) and its [`events`]
-//!   history, which routers poll (`GET /v1/cache/events`, wire types in
-//!   `prefix_core::protocol`).
+//! - [`cache`]: the block prefix cache (fixed-size blocks, LRU, pins) and its events
+//!   history, which routers poll (`GET /v1/cache/events`; the page and its history are
+//!   `prefix_core::protocol`'s).
 //! - [`engine`]: `sim` (latency model) and `candle` (real Llama forward pass, K/V per block,
 //!   requests batched continuously in one loop: `engine::batcher`; prefill in
 //!   `engine::llama`, a turn's prompts in one pass, its matmuls in bf16 (`engine::bf16`,
@@ -32,7 +32,6 @@ pub mod api;
 pub mod cache;
 pub mod config;
 pub mod engine;
-pub mod events;
 pub mod gguf_vocab;
 pub mod metrics;
 pub mod openai;

@@ -1,10 +1,10 @@
-//! The pod's bounded history of cache events, paged for routers to follow. The page and event
-//! types are the wire protocol's ([`prefix_core::protocol::events`], shared with the filter);
-//! this is the server's side of it: sequence numbers, the bounded history, page limits, and
-//! resync with a snapshot.
+//! The serving side of the cache-events page: a bounded history of cache events with sequence
+//! numbers, paged for routers to follow, and resync with a snapshot. The page and event types
+//! are [`super::events`]'; this is what a pod (this project's server) or a sidecar that
+//! publishes another server's events (`kv-events`, for vLLM) keeps to answer them.
 
-pub use prefix_core::protocol::{CacheEvent, EventsPage, SeqEvent};
-use prefix_core::BlockHash;
+use super::events::{CacheEvent, EventsPage, SeqEvent};
+use crate::block::BlockHash;
 use std::collections::VecDeque;
 
 #[derive(Debug)]
