@@ -91,6 +91,11 @@ pub struct RouterConfig {
     /// such as vLLM's `--api-key`, answer its polls 401 without them).
     #[serde(default)]
     pub pod_credentials: Option<PodCredentials>,
+    /// Where each pod's cache events are served when the pod does not serve them itself:
+    /// vLLM and SGLang publish theirs over ZMQ, and the `kv-events` sidecar beside each pod
+    /// serves them as this project's page. Without it, pods are asked themselves.
+    #[serde(default)]
+    pub events: Option<EventsSource>,
     /// TESTS ONLY: a request carrying this header ends the filter's VM (a wasm trap), so a
     /// test can prove that Envoy brings the filter back (`FAIL_RELOAD`). Never set it where
     /// clients can reach the listener: any of them could then crash the filter.
@@ -124,6 +129,19 @@ pub struct RouterConfig {
     /// the listener's routes match on that header, one route per cluster.
     #[serde(default = "default_pods_cluster")]
     pub route_cluster: String,
+}
+
+/// Where a pod's cache-events page is: its `kv-events` sidecar.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventsSource {
+    /// The sidecar's port on each pod's own host (Kubernetes: a container of the pod).
+    #[serde(default)]
+    pub port: Option<u16>,
+    /// Page addresses by pod address, for sidecars that are not on their pod's address
+    /// (tests and demos run several pods on one host); before `port`.
+    #[serde(default)]
+    pub addresses: std::collections::BTreeMap<String, PodAddr>,
 }
 
 /// A header for the filter's own calls to pods, its value read from an environment variable
@@ -275,6 +293,23 @@ impl RouterConfig {
         (self.max_prompt_tokens / self.block_size.get() as usize).max(1)
     }
 
+    /// Where the pod at `pod` serves its cache events: its sidecar (`events`), or itself.
+    pub fn events_addr<'a>(&'a self, pod: &'a str) -> std::borrow::Cow<'a, str> {
+        let Some(e) = &self.events else {
+            return pod.into();
+        };
+        if let Some(a) = e.addresses.get(pod) {
+            return a.as_str().into();
+        }
+        match (e.port, pod.parse::<SocketAddr>()) {
+            (Some(port), Ok(mut addr)) => {
+                addr.set_port(port);
+                addr.to_string().into()
+            }
+            _ => pod.into(),
+        }
+    }
+
     /// Parses and validates the plugin configuration bytes.
     pub fn parse(bytes: &[u8]) -> Result<Self, ConfigError> {
         let de = &mut serde_json::Deserializer::from_slice(bytes);
@@ -382,6 +417,20 @@ impl RouterConfig {
                 return Err(err(
                     "pod_credentials.header",
                     "must be a lower-case header name",
+                ));
+            }
+        }
+        if let Some(e) = &self.events {
+            if e.port.is_none() && e.addresses.is_empty() {
+                return Err(err("events", "give the sidecars' `port`, or their `addresses`"));
+            }
+            if e.port == Some(0) {
+                return Err(err("events.port", "must be a port (1-65535)"));
+            }
+            if let Some(bad) = e.addresses.keys().find(|k| k.parse::<SocketAddr>().is_err()) {
+                return Err(err(
+                    &format!("events.addresses.{bad}"),
+                    "keys are pod addresses (ip:port)",
                 ));
             }
         }
@@ -556,6 +605,16 @@ mod tests {
                 r#"{"pods":["1.2.3.4:5"],"pod_credentials":{"value_from_env":""}}"#,
                 "pod_credentials.value_from_env",
             ),
+            (r#"{"pods":["1.2.3.4:5"],"events":{}}"#, "events"),
+            (r#"{"pods":["1.2.3.4:5"],"events":{"port":0}}"#, "events.port"),
+            (
+                r#"{"pods":["1.2.3.4:5"],"events":{"addresses":{"pod-a":"1.2.3.4:6"}}}"#,
+                "events.addresses.pod-a",
+            ),
+            (
+                r#"{"pods":["1.2.3.4:5"],"events":{"addresses":{"1.2.3.4:5":"nowhere"}}}"#,
+                "events.addresses.1.2.3.4:5",
+            ),
             (
                 r#"{"pods":["1.2.3.4:5"],"tokenizer":{"cluster":""}}"#,
                 "tokenizer.cluster",
@@ -573,5 +632,20 @@ mod tests {
             assert_eq!(e.field, field, "{json}: {e}");
             assert!(e.to_string().contains(&format!("'{field}'")), "{e}");
         }
+    }
+
+    #[test]
+    fn events_are_asked_where_the_config_says() {
+        let c = |json: &str| RouterConfig::parse(json.as_bytes()).map_err(|e| e.to_string());
+        let plain = c(r#"{"pods":["10.0.0.1:8000"]}"#).unwrap();
+        assert_eq!(plain.events_addr("10.0.0.1:8000"), "10.0.0.1:8000");
+        let sidecars = c(
+            r#"{"pods":["10.0.0.1:8000","127.0.0.1:8001"],
+                "events":{"port":8100,"addresses":{"127.0.0.1:8001":"127.0.0.1:9001"}}}"#,
+        )
+        .unwrap();
+        assert_eq!(sidecars.events_addr("10.0.0.1:8000"), "10.0.0.1:8100");
+        assert_eq!(sidecars.events_addr("127.0.0.1:8001"), "127.0.0.1:9001");
+        assert_eq!(sidecars.events_addr("[::1]:8000"), "[::1]:8100");
     }
 }

@@ -9,6 +9,8 @@
 //!   snapshot of a reset and the page's live events (after its last `AllCleared`) are
 //!   recorded: `BlockStored` makes the pod an owner (so blocks another Envoy placed are
 //!   learned), `BlockRemoved` forgets it.
+//! - With `events` in the config, the page is asked of the pod's `kv-events` sidecar (vLLM's
+//!   and SGLang's own KV-cache events, as a page) instead of the pod.
 //! - Pods without the events endpoint (a 404: vLLM, SGLang, llama.cpp) are followed through
 //!   `GET /health` and then `GET /metrics` ([`apply_metrics`]): health, load, restarts.
 //! - Failures ([`apply_failure`], [`mark_down`]): failed polls count towards
@@ -333,11 +335,16 @@ impl Poller {
     fn poll<H: Host>(&self, host: &H, router: &Router, metrics: &Metrics<H>, addr: &str, ask: Ask) {
         let timeout = Duration::from_millis(router.config.poll_interval_ms.max(100));
         let path = ask.path();
+        // the events page may be served beside the pod (a `kv-events` sidecar for vLLM)
+        let target = match ask {
+            Ask::Events(_) => router.config.events_addr(addr),
+            Ask::Health | Ask::Metrics => addr.into(),
+        };
         let mut request = vec![
             (":method", "GET"),
             (":path", path.as_str()),
-            (":authority", addr),
-            (headers::DESTINATION, addr),
+            (":authority", &target),
+            (headers::DESTINATION, &target),
         ];
         if let Some((name, value)) = &router.pod_auth {
             request.push((name.as_str(), value.as_str()));

@@ -284,6 +284,30 @@ mod tests {
     }
 
     #[test]
+    fn events_are_asked_of_the_sidecar_the_config_names_and_applied_to_its_pod() {
+        let root = configured(
+            r#","events":{"port":9100,"addresses":{"127.0.0.1:8002":"127.0.0.1:9002"}}"#,
+        );
+        root.tick();
+        let calls = root.host.take_calls();
+        let asked: Vec<_> = calls
+            .iter()
+            .map(|c| (c.header(headers::DESTINATION), c.header(":path")))
+            .collect();
+        assert_eq!(
+            asked,
+            [
+                (Some("127.0.0.1:9100"), Some("/v1/cache/events?since=0")),
+                (Some("127.0.0.1:9002"), Some("/v1/cache/events?since=0")),
+            ]
+        );
+        // the sidecar's page is its pod's: state and ownership go to the pod
+        answer(&root, &calls[1], "200", &page(4, false));
+        assert_eq!(state(&root, "127.0.0.1:8002").seq, 4);
+        assert_eq!(root.host.metric("prefix_router_events_blocks_stored"), 1);
+    }
+
+    #[test]
     fn a_pod_with_more_events_is_asked_again_within_a_bound() {
         let root = configured("");
         root.tick();
