@@ -422,12 +422,19 @@ impl RouterConfig {
         }
         if let Some(e) = &self.events {
             if e.port.is_none() && e.addresses.is_empty() {
-                return Err(err("events", "give the sidecars' `port`, or their `addresses`"));
+                return Err(err(
+                    "events",
+                    "give the sidecars' `port`, or their `addresses`",
+                ));
             }
             if e.port == Some(0) {
                 return Err(err("events.port", "must be a port (1-65535)"));
             }
-            if let Some(bad) = e.addresses.keys().find(|k| k.parse::<SocketAddr>().is_err()) {
+            if let Some(bad) = e
+                .addresses
+                .keys()
+                .find(|k| k.parse::<SocketAddr>().is_err())
+            {
                 return Err(err(
                     &format!("events.addresses.{bad}"),
                     "keys are pod addresses (ip:port)",
@@ -606,7 +613,10 @@ mod tests {
                 "pod_credentials.value_from_env",
             ),
             (r#"{"pods":["1.2.3.4:5"],"events":{}}"#, "events"),
-            (r#"{"pods":["1.2.3.4:5"],"events":{"port":0}}"#, "events.port"),
+            (
+                r#"{"pods":["1.2.3.4:5"],"events":{"port":0}}"#,
+                "events.port",
+            ),
             (
                 r#"{"pods":["1.2.3.4:5"],"events":{"addresses":{"pod-a":"1.2.3.4:6"}}}"#,
                 "events.addresses.pod-a",
@@ -639,10 +649,8 @@ mod tests {
         let c = |json: &str| RouterConfig::parse(json.as_bytes()).map_err(|e| e.to_string());
         let plain = c(r#"{"pods":["10.0.0.1:8000"]}"#).unwrap();
         assert_eq!(plain.events_addr("10.0.0.1:8000"), "10.0.0.1:8000");
-        let sidecars = c(
-            r#"{"pods":["10.0.0.1:8000","127.0.0.1:8001"],
-                "events":{"port":8100,"addresses":{"127.0.0.1:8001":"127.0.0.1:9001"}}}"#,
-        )
+        let sidecars = c(r#"{"pods":["10.0.0.1:8000","127.0.0.1:8001"],
+                "events":{"port":8100,"addresses":{"127.0.0.1:8001":"127.0.0.1:9001"}}}"#)
         .unwrap();
         assert_eq!(sidecars.events_addr("10.0.0.1:8000"), "10.0.0.1:8100");
         assert_eq!(sidecars.events_addr("127.0.0.1:8001"), "127.0.0.1:9001");

@@ -2,7 +2,8 @@
 //! history routers read (`EventLog`), the stream's numbers ([`Sequence`]), and the pod's load
 //! and start time from its `/metrics`.
 //!
-//! A pod whose `/metrics` does not answer is not served as healthy: the page answers 503, so
+//! A pod whose `/metrics` does not answer, or whose events are not subscribed to yet, is not
+//! served as healthy: the page answers 503, so
 //! the filter counts failed polls and marks it down as it does any pod. A new
 //! `process_start_time_seconds` means the pod restarted with an empty cache: its blocks are
 //! forgotten even if no event said so.
@@ -38,6 +39,8 @@ pub struct Feed {
     pod_start: Option<f64>,
     /// why the page is not served (the pod does not answer, or its blocks cannot be matched)
     pub trouble: Option<String>,
+    /// the event stream is subscribed to (until then, nothing the page says can be trusted)
+    pub subscribed: bool,
     pub counters: Counters,
 }
 
@@ -51,6 +54,7 @@ impl Feed {
             load: None,
             pod_start: None,
             trouble: None,
+            subscribed: false,
             counters: Counters::default(),
         }
     }
@@ -116,15 +120,21 @@ impl Feed {
         self.load = Some(r.load);
     }
 
-    /// The page for a router that has seen everything up to `since`; `Err` with the reason
-    /// when the pod is not to be routed to by what this page says.
-    pub fn page(&self, since: u64) -> Result<EventsPage, String> {
+    /// `Err` with the reason when the pod is not to be routed to by what the page says.
+    pub fn healthy(&self) -> Result<LoadReport, String> {
         if let Some(t) = &self.trouble {
             return Err(t.clone());
         }
-        let Some(load) = self.load else {
-            return Err("the pod's /metrics does not answer".to_owned());
-        };
+        if !self.subscribed {
+            return Err("not subscribed to the pod's events yet".to_owned());
+        }
+        self.load
+            .ok_or_else(|| "the pod's /metrics does not answer".to_owned())
+    }
+
+    /// The page for a router that has seen everything up to `since` (see [`Feed::healthy`]).
+    pub fn page(&self, since: u64) -> Result<EventsPage, String> {
+        let load = self.healthy()?;
         let mut page = self.log.since(since, || self.translator.held());
         page.pod = self.pod_name.clone();
         page.load = load;
@@ -201,7 +211,11 @@ mod tests {
         .map_err(|e| e.to_string())
         .and_then(|a| a.validate().map_err(|e| e.to_string()));
         match config {
-            Ok(c) => Feed::new(&c, 7),
+            Ok(c) => {
+                let mut f = Feed::new(&c, 7);
+                f.subscribed = true;
+                f
+            }
             Err(e) => unreachable!("{e}"),
         }
     }

@@ -1,8 +1,8 @@
 //! The HTTP side, on `--listen` (127.0.0.1 by default; the filter's poller is its only
 //! reader):
 //! - `GET /v1/cache/events?since=SEQ`: the page, as this project's server serves it; 503 with
-//!   an OpenAI-style JSON error while the pod's `/metrics` does not answer or its blocks cannot
-//!   be matched (the filter then counts failed polls and marks the pod down);
+//!   an OpenAI-style JSON error while the pod's `/metrics` does not answer, its events are not
+//!   subscribed to, or its blocks cannot be matched (the filter then counts failed polls and marks the pod down);
 //! - `GET /health`: 200 when the page is served, else 503;
 //! - `GET /metrics`: the sidecar's own counters (`kv_events_*`).
 
@@ -54,7 +54,7 @@ async fn page(State(feed): State<SharedFeed>, Query(q): Query<Since>) -> Respons
 }
 
 async fn health(State(feed): State<SharedFeed>) -> Response {
-    match feed.lock().page(u64::MAX) {
+    match feed.lock().healthy() {
         Ok(_) => "ok".into_response(),
         Err(why) => unavailable(why),
     }

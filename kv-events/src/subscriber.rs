@@ -26,9 +26,11 @@ pub async fn follow(config: Config, feed: SharedFeed) {
             Ok(mut sub) => {
                 backoff = Duration::from_millis(100);
                 tracing::info!(events = %config.events, "kv-events: subscribed");
+                feed.lock().subscribed = true;
                 if let Err(e) = receive(&config, &feed, &mut sub).await {
                     tracing::warn!("kv-events: event stream failed, subscribing again: {e}");
                 }
+                feed.lock().subscribed = false;
             }
             Err(e) => tracing::warn!(events = %config.events, "kv-events: cannot subscribe: {e}"),
         }

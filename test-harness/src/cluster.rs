@@ -17,6 +17,15 @@ pub enum PodKind {
     ModelServer,
     /// llama.cpp's `llama-server` (health and `llamacpp:*` metrics only).
     LlamaCpp,
+    /// vLLM (CPU build), its KV-cache events served by a `kv-events` sidecar.
+    Vllm,
+}
+
+impl PodKind {
+    /// The filter follows it by cache events (its own, or its sidecar's).
+    pub fn has_events(self) -> bool {
+        matches!(self, PodKind::ModelServer | PodKind::Vllm)
+    }
 }
 
 /// One pod process.
@@ -24,6 +33,15 @@ pub struct Pod {
     pub name: String,
     pub kind: PodKind,
     /// `127.0.0.1:port`
+    pub addr: String,
+    pub proc: Proc,
+    /// A vLLM pod's `kv-events` sidecar.
+    pub sidecar: Option<Sidecar>,
+}
+
+/// The process that serves a pod's cache-events page beside it.
+pub struct Sidecar {
+    /// where the page is served (`127.0.0.1:port`)
     pub addr: String,
     pub proc: Proc,
 }
@@ -148,6 +166,27 @@ fn spawn_pod(
             cmd
         }
         PodKind::LlamaCpp => crate::llama::command(port, extra_args)?,
+        PodKind::Vllm => {
+            let sockets = crate::vllm::Sockets::in_dir(&dir.join(format!("{name}-kv")));
+            std::fs::create_dir_all(dir.join(format!("{name}-kv")))?;
+            let pod =
+                Proc::spawn_group(name, crate::vllm::command(port, &sockets, extra_args)?, dir)?;
+            let sidecar = Proc::spawn(
+                &format!("{name}-kv-events"),
+                crate::vllm::sidecar_command(port, &sockets, "127.0.0.1:0")?,
+                dir,
+            )?;
+            return Ok(Pod {
+                name: name.to_owned(),
+                kind,
+                addr,
+                proc: pod,
+                sidecar: Some(Sidecar {
+                    addr: String::new(), // known once it has bound
+                    proc: sidecar,
+                }),
+            });
+        }
     };
     let proc = Proc::spawn(name, cmd, dir)?;
     Ok(Pod {
@@ -155,6 +194,7 @@ fn spawn_pod(
         kind,
         addr,
         proc,
+        sidecar: None,
     })
 }
 
@@ -162,10 +202,118 @@ impl Pod {
     /// Waits until the pod answers `/health`.
     fn ready(mut self, http: &Client) -> anyhow::Result<Pod> {
         let health = format!("http://{}/health", self.addr);
-        wait_until(&self.name, &mut self.proc, Duration::from_secs(30), || {
+        let patience = match self.kind {
+            PodKind::Vllm => Duration::from_secs(crate::vllm::READY_SECS),
+            PodKind::ModelServer | PodKind::LlamaCpp => Duration::from_secs(30),
+        };
+        wait_until(&self.name, &mut self.proc, patience, || {
             healthy(http, &health)
         })?;
+        if let Some(sidecar) = &mut self.sidecar {
+            // its page is served once it has read the pod's /metrics
+            let log = sidecar.proc.log.clone();
+            let mut addr = String::new();
+            wait_until(
+                &sidecar.proc.name.clone(),
+                &mut sidecar.proc,
+                Duration::from_secs(30),
+                || {
+                    if addr.is_empty() {
+                        addr = crate::vllm::sidecar_addr(&log).unwrap_or_default();
+                    }
+                    !addr.is_empty() && healthy(http, &format!("http://{addr}/health"))
+                },
+            )?;
+            sidecar.addr = addr;
+        }
         Ok(self)
+    }
+
+    /// The pod's port.
+    pub fn port(&self) -> u16 {
+        self.addr
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Starts the server again on its address after it was killed (`proc.kill()`); a vLLM
+    /// pod's sidecar, which kept running as a pod's other container would, is not touched.
+    pub fn restart_server(
+        &mut self,
+        extra_args: &[&str],
+        dir: &Path,
+        http: &Client,
+    ) -> anyhow::Result<()> {
+        self.proc.kill();
+        if self.kind != PodKind::Vllm {
+            *self = start_pod(
+                self.kind,
+                &self.name.clone(),
+                self.port(),
+                extra_args,
+                dir,
+                http,
+            )?;
+            return Ok(());
+        }
+        let sockets = crate::vllm::Sockets::in_dir(&dir.join(format!("{}-kv", self.name)));
+        self.proc = Proc::spawn_group(
+            &self.name,
+            crate::vllm::command(self.port(), &sockets, extra_args)?,
+            dir,
+        )?;
+        let health = format!("http://{}/health", self.addr);
+        let patience = Duration::from_secs(crate::vllm::READY_SECS);
+        wait_until(&self.name.clone(), &mut self.proc, patience, || {
+            healthy(http, &health)
+        })?;
+        if let Some(s) = &mut self.sidecar {
+            let page = format!("http://{}/health", s.addr);
+            wait_until(
+                &s.proc.name.clone(),
+                &mut s.proc,
+                Duration::from_secs(30),
+                || healthy(http, &page),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Stops a vLLM pod's sidecar and starts a new one on the same address: a subscriber
+    /// that missed every message in between.
+    pub fn restart_sidecar(&mut self, dir: &Path, http: &Client) -> anyhow::Result<()> {
+        let port = self.port();
+        let Some(s) = &mut self.sidecar else {
+            bail!("{} has no sidecar", self.name);
+        };
+        s.proc.kill();
+        let sockets = crate::vllm::Sockets::in_dir(&dir.join(format!("{}-kv", self.name)));
+        s.proc = Proc::spawn(
+            &format!("{}-kv-events", self.name),
+            crate::vllm::sidecar_command(port, &sockets, &s.addr)?,
+            dir,
+        )?;
+        let page = format!("http://{}/health", s.addr);
+        wait_until(
+            &s.proc.name.clone(),
+            &mut s.proc,
+            Duration::from_secs(30),
+            || healthy(http, &page),
+        )
+    }
+
+    /// Stops a vLLM pod's sidecar alone.
+    pub fn stop_sidecar(&mut self) {
+        if let Some(s) = &mut self.sidecar {
+            s.proc.kill();
+        }
+    }
+
+    /// Where the filter reads this pod's cache events, when not from the pod itself.
+    pub fn events_addr(&self) -> Option<&str> {
+        self.sidecar.as_ref().map(|s| s.addr.as_str())
     }
 }
 

@@ -97,7 +97,16 @@ impl Fleet {
     ) -> anyhow::Result<Fleet> {
         let dir = run_dir(name);
         let pods = start_pods_of(kind, n, pod_args, &dir)?;
-        let envoy = start_envoy("envoy", &Self::addrs_of(&pods), true, tweak, &dir)?;
+        let envoy = start_envoy(
+            "envoy",
+            &Self::addrs_of(&pods),
+            true,
+            |s| {
+                pod_defaults(&pods, s);
+                tweak(s)
+            },
+            &dir,
+        )?;
         let fleet = Fleet {
             pods,
             envoy,
@@ -117,18 +126,11 @@ impl Fleet {
         if !envoy.polls {
             return Ok(());
         }
-        let events_pods = self
-            .pods
-            .iter()
-            .filter(|p| p.kind == PodKind::ModelServer)
-            .count() as f64;
+        let events_pods = self.pods.iter().filter(|p| p.kind.has_events()).count() as f64;
         let done = || {
             self.stat(envoy, "prefix_router_pod_generation_changes") >= events_pods
                 && self.pods.iter().all(|p| {
-                    let signals = match p.kind {
-                        PodKind::ModelServer => 1.0,
-                        PodKind::LlamaCpp => 2.0,
-                    };
+                    let signals = if p.kind.has_events() { 1.0 } else { 2.0 };
                     self.pod_stat(envoy, "healthy", &p.addr) == 1.0
                         && self.pod_stat(envoy, "signals", &p.addr) == signals
                 })
@@ -238,5 +240,25 @@ impl Fleet {
             std::thread::sleep(Duration::from_millis(50));
         }
         cond()
+    }
+}
+
+/// What an Envoy in front of these pods needs besides the defaults: for vLLM pods, the
+/// tokenizer and template vLLM serves, and where their sidecars serve their events (plugin
+/// `events.addresses`). Applied by [`Fleet::start_of`]; for another Envoy of the same fleet,
+/// apply it in its settings too.
+pub fn pod_defaults(pods: &[Pod], s: &mut EnvoySettings) {
+    if pods.iter().any(|p| p.kind == PodKind::Vllm) {
+        s.tokenizer_dir = Some(crate::vllm::model_dir());
+    }
+    let addresses: serde_json::Map<String, Value> = pods
+        .iter()
+        .filter_map(|p| Some((p.addr.clone(), Value::from(p.events_addr()?))))
+        .collect();
+    if !addresses.is_empty() {
+        s.extra.insert(
+            "events".into(),
+            serde_json::json!({ "addresses": addresses }),
+        );
     }
 }

@@ -10,7 +10,8 @@
 //! - [`process`]: child processes that are always cleaned up, free ports, readiness polling.
 //! - [`envoy_config`]: the Envoy configuration rendered from `envoy/envoy.yaml.j2`
 //!   (also the `render-envoy-config` binary).
-//! - [`cluster`]: starting pods (this project's server, or [`llama`]: llama.cpp's) and Envoys.
+//! - [`cluster`]: starting pods (this project's server, [`llama`]: llama.cpp's, or [`vllm`]:
+//!   vLLM with its `kv-events` sidecar) and Envoys.
 //! - [`fleet`]: a running fleet (pods + Envoy) and the answers sent through it.
 //! - [`load`]: open-loop load at a fixed rate, every outcome recorded.
 //! - [`hostile`]: the requests of hostile clients (huge words, batches, deep JSON, …) that
@@ -29,4 +30,5 @@ pub mod load;
 pub mod paths;
 pub mod process;
 pub mod prometheus;
+pub mod vllm;
 pub mod wire;

@@ -61,21 +61,51 @@ pub fn llama_server_bin() -> anyhow::Result<PathBuf> {
     if let Some(p) = env_path("LLAMA_SERVER_BIN") {
         return Ok(p);
     }
-    BIN.get_or_init(|| {
-        let script = repo_root().join("scripts/build-llama-server.sh");
-        let out = std::process::Command::new("bash")
-            .arg(&script)
-            .stderr(std::process::Stdio::inherit())
-            .output()
-            .map_err(|e| format!("running {}: {e}", script.display()))?;
-        let path = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-        if !out.status.success() || path.is_empty() {
-            return Err(format!("{} failed ({})", script.display(), out.status));
-        }
-        Ok(PathBuf::from(path))
-    })
-    .clone()
-    .map_err(anyhow::Error::msg)
+    BIN.get_or_init(|| script_output("scripts/build-llama-server.sh"))
+        .clone()
+        .map_err(anyhow::Error::msg)
+}
+
+/// Runs one of the project's install scripts, which prints the path it installed to.
+fn script_output(script: &str) -> Result<PathBuf, String> {
+    let script = repo_root().join(script);
+    let out = std::process::Command::new("bash")
+        .arg(&script)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .map_err(|e| format!("running {}: {e}", script.display()))?;
+    let path = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    if !out.status.success() || path.is_empty() {
+        return Err(format!("{} failed ({})", script.display(), out.status));
+    }
+    Ok(PathBuf::from(path))
+}
+
+/// The kv-events sidecar (the debug build the test script makes); `KV_EVENTS_BIN` overrides.
+pub fn kv_events_bin() -> PathBuf {
+    env_path("KV_EVENTS_BIN").unwrap_or_else(|| target_dir().join("debug/kv-events"))
+}
+
+/// vLLM's venv: `VLLM_VENV` overrides; otherwise the path `scripts/install-vllm.sh` prints (it
+/// installs vLLM into a cache outside the clone the first time), asked once per process.
+pub fn vllm_venv() -> anyhow::Result<PathBuf> {
+    static VENV: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    if let Some(p) = env_path("VLLM_VENV") {
+        return Ok(p);
+    }
+    VENV.get_or_init(|| script_output("scripts/install-vllm.sh"))
+        .clone()
+        .map_err(anyhow::Error::msg)
+}
+
+/// SmolLM2 in the Hugging Face layout vLLM loads (`scripts/setup.sh` writes it).
+pub fn vllm_model_dir() -> PathBuf {
+    model_server::config::data_dir()
+        .join("models")
+        .join(format!(
+            "{}-hf",
+            prefix_core::protocol::defaults::MODEL_NAME
+        ))
 }
 
 /// The default model's GGUF file (`scripts/setup.sh` installs it).

@@ -11,10 +11,23 @@ pub struct Proc {
     pub name: String,
     pub log: PathBuf,
     child: Option<Child>,
+    /// It leads its own process group, which kill and terminate signal whole (servers that
+    /// start workers of their own, as vLLM does).
+    group: bool,
 }
 
 impl Proc {
-    pub fn spawn(name: &str, mut cmd: Command, log_dir: &Path) -> anyhow::Result<Proc> {
+    pub fn spawn(name: &str, cmd: Command, log_dir: &Path) -> anyhow::Result<Proc> {
+        Self::spawn_in(name, cmd, log_dir, false)
+    }
+
+    /// [`Proc::spawn`] in a process group of its own: stopping it stops its children too.
+    pub fn spawn_group(name: &str, mut cmd: Command, log_dir: &Path) -> anyhow::Result<Proc> {
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        Self::spawn_in(name, cmd, log_dir, true)
+    }
+
+    fn spawn_in(name: &str, mut cmd: Command, log_dir: &Path, group: bool) -> anyhow::Result<Proc> {
         std::fs::create_dir_all(log_dir)?;
         let log = log_dir.join(format!("{name}.log"));
         let out = std::fs::File::create(&log)?;
@@ -29,6 +42,7 @@ impl Proc {
             name: name.to_owned(),
             log,
             child: Some(child),
+            group,
         })
     }
 
@@ -53,6 +67,9 @@ impl Proc {
     /// SIGKILL now.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
+            if self.group {
+                self.signal_group(&c, "-KILL");
+            }
             let _ = c.kill();
             let _ = c.wait();
         }
@@ -61,10 +78,14 @@ impl Proc {
     /// SIGTERM, then SIGKILL after `grace`.
     pub fn terminate(&mut self, grace: Duration) {
         if let Some(c) = &self.child {
-            let _ = Command::new("kill")
-                .arg("-TERM")
-                .arg(c.id().to_string())
-                .status();
+            if self.group {
+                self.signal_group(c, "-TERM");
+            } else {
+                let _ = Command::new("kill")
+                    .arg("-TERM")
+                    .arg(c.id().to_string())
+                    .status();
+            }
             let deadline = Instant::now() + grace;
             while Instant::now() < deadline {
                 if self.exited().is_some() {
@@ -75,6 +96,13 @@ impl Proc {
             }
         }
         self.kill();
+    }
+
+    fn signal_group(&self, c: &Child, signal: &str) {
+        let _ = Command::new("kill")
+            .args([signal, "--", &format!("-{}", c.id())])
+            .stderr(Stdio::null())
+            .status();
     }
 }
 

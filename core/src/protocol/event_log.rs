@@ -62,7 +62,7 @@ impl EventLog {
         let oldest = self.events.front().map(|e| e.seq).unwrap_or(self.next_seq);
         let epoch = format!("{:016x}", self.epoch);
         // A gap (history dropped) or a future seq (client saw another epoch) → resync.
-        if since + 1 < oldest || since > self.last_seq() {
+        if since.saturating_add(1) < oldest || since > self.last_seq() {
             return EventsPage {
                 epoch,
                 seq: self.last_seq(),
@@ -134,8 +134,9 @@ mod tests {
         let p = log.since(1, || vec![BlockHash(42)]);
         assert!(p.reset);
         assert_eq!(p.snapshot, Some(vec![BlockHash(42)]));
-        // from the future (another epoch) → snapshot
+        // from the future (another epoch) → snapshot, the largest number included
         assert!(log.since(99, Vec::new).reset);
+        assert!(log.since(u64::MAX, Vec::new).reset);
         assert_eq!(p.epoch, "0000000000000007");
     }
 
