@@ -16,6 +16,11 @@
 # once by scripts/setup.sh) serving the same GGUF: they have no cache events, so the filter
 # follows them through /health and /metrics, and the per-pod counter read back from Prometheus
 # is llama.cpp's own llamacpp:prompt_tokens_cached_total.
+#
+# BACKEND=vllm runs them against three vLLM pods (the CPU build scripts/setup.sh installs,
+# serving SmolLM2 in the Hugging Face layout), each with a kv-events sidecar that turns vLLM's
+# own KV-cache events into the page the filter polls; the per-pod counter is vLLM's
+# vllm:prefix_cache_hits_total. vLLM takes a minute or two to start.
 # At the end it prints where to look (Prometheus, with the project's rules loaded) and the
 # queries it used; HOLD=1 keeps everything running until Ctrl-C.
 # Exits non-zero if what it shows is not what it claims.
@@ -26,20 +31,21 @@ cd "$(dirname "$0")/.."
 ROOT=$PWD
 
 BACKEND=${BACKEND:-model-server}
-case "$BACKEND" in model-server|llama-cpp) ;; *) echo "BACKEND must be model-server or llama-cpp" >&2; exit 2 ;; esac
+case "$BACKEND" in model-server|llama-cpp|vllm) ;; *) echo "BACKEND must be model-server, llama-cpp or vllm" >&2; exit 2 ;; esac
 case "$BACKEND" in
   llama-cpp) SETUP_PEERS=0 SETUP_VLLM=0 scripts/setup.sh >/dev/null ;;
   vllm) SETUP_PEERS=0 SETUP_LLAMA_CPP=0 scripts/setup.sh >/dev/null ;;
   *) SETUP_LLAMA_CPP=0 SETUP_PEERS=0 SETUP_VLLM=0 scripts/setup.sh >/dev/null ;;
 esac
 echo "building (cached after the first run)..."
-cargo build -q -p model-server -p test-harness --bins
+cargo build -q -p model-server -p test-harness -p kv-events --bins
 scripts/build-filter.sh >/dev/null
 
 RUN=$(mktemp -d /tmp/prefix-router-demo.XXXXXX)
 PIDS=()
 cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  # vLLM pods lead process groups of their own (their engine is a child process)
+  for p in "${PIDS[@]}"; do kill -- "-$p" 2>/dev/null || kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   echo "stopped everything; logs in $RUN"
 }
@@ -48,8 +54,9 @@ trap 'exit 130' INT TERM
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'; }
 fail() { echo "DEMO FAILED: $*" >&2; exit 1; }
-ready_or_gone() { # url pid → 0 once url answers; 1 if pid exits first or 30 s pass
-  for _ in $(seq 1 300); do
+READY_STEPS=300 # tenths of a second a process may take to be ready (vLLM: more, below)
+ready_or_gone() { # url pid → 0 once url answers; 1 if pid exits first or READY_STEPS pass
+  for _ in $(seq 1 "$READY_STEPS"); do
     curl -sf -m 2 -o /dev/null "$1" && return 0
     kill -0 "$2" 2>/dev/null || return 1
     sleep 0.1
@@ -98,6 +105,14 @@ if [ "$BACKEND" = llama-cpp ]; then
   HITS='sum by (instance) (llamacpp:prompt_tokens_cached_total)'
   HITS_TOTAL='sum(llamacpp:prompt_tokens_cached_total)'
   COMPUTED='sum by (instance) (llamacpp:prompt_tokens_total)'
+elif [ "$BACKEND" = vllm ]; then
+  VLLM_PY=$(scripts/install-vllm.sh)/bin/python
+  HF_DIR=${PREFIX_ROUTER_DATA:-$ROOT/data}/models/$MODEL-hf
+  POD_LABEL=pod                                    # Prometheus labels each target with its address
+  HITS='sum by (pod) (vllm:prefix_cache_hits_total)'
+  HITS_TOTAL='sum(vllm:prefix_cache_hits_total)'
+  READY_STEPS=4000                                 # three vLLMs starting at once on 2 cores: ~2 min
+  SIDECARS=()
 else
   POD_LABEL=pod
   HITS='sum by (pod) (vllm:prefix_cache_hits_total)'
@@ -108,6 +123,24 @@ start_pod() { # index address
     # one slot and one thread each: three of them share 2 cores
     "$LLAMA_SERVER" -m "$GGUF" --alias "$MODEL" --host 127.0.0.1 --port "${2##*:}" --metrics \
       --no-webui --parallel 1 --threads 1 --ctx-size 4096 --cache-ram 256 >"$RUN/pod-$1.log" 2>&1 &
+  elif [ "$BACKEND" = vllm ]; then
+    # events on ipc sockets in the run directory (vLLM binds them); one thread each
+    local kv="$RUN/pod-$1-kv"
+    mkdir -p "$kv"
+    VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 \
+      VLLM_NO_USAGE_STATS=1 setsid "$VLLM_PY" -m vllm.entrypoints.openai.api_server \
+      --model "$HF_DIR" --served-model-name "$MODEL" --host 127.0.0.1 --port "${2##*:}" \
+      --max-model-len 2048 --block-size 128 --enforce-eager --dtype bfloat16 --max-num-seqs 8 \
+      --enable-prompt-tokens-details --kv-events-config \
+      "{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"endpoint\":\"ipc://$kv/pub\",\"replay_endpoint\":\"ipc://$kv/replay\",\"topic\":\"kv\"}" \
+      >"$RUN/pod-$1.log" 2>&1 &
+    PIDS+=($!)
+    POD_PIDS[$1]=$!
+    "$ROOT/target/debug/kv-events" --events "ipc://$kv/pub" --replay "ipc://$kv/replay" \
+      --pod "http://$2" --model "$MODEL" --block-size 128 --listen 127.0.0.1:0 \
+      >"$RUN/pod-$1-kv-events.log" 2>&1 &
+    PIDS+=($!)
+    return
   else
     "$ROOT/target/debug/model-server" --listen "$2" --pod-name "pod-$1" --block-size 128 \
       --engine "$ENGINE" >"$RUN/pod-$1.log" 2>&1 &
@@ -119,7 +152,7 @@ count_tokens() { # prompt → its token count, as the pods count them
   if [ "$BACKEND" = llama-cpp ]; then
     jq -n --arg p "$1" '{content: $p}' | curl -s "http://${PODS[0]}/tokenize" -H 'content-type: application/json' -d @- | jq '.tokens | length'
   else
-    jq -n --arg p "$1" '{prompt: $p}' | curl -s "http://${PODS[0]}/tokenize" -H 'content-type: application/json' -d @- | jq .count
+    jq -n --arg m "$MODEL" --arg p "$1" '{model: $m, prompt: $p}' | curl -s "http://${PODS[0]}/tokenize" -H 'content-type: application/json' -d @- | jq .count
   fi
 }
 PODS=()
@@ -137,14 +170,35 @@ for i in "${!PODS[@]}"; do # started together, then waited for one by one
   started "pod-$i" "http://${PODS[$i]}/health" "${POD_PIDS[$i]}" "$RUN/pod-$i.log" "$PODS_PINNED" ||
     start_ready "pod-$i" "" pod_again "$i"
 done
-if [ "$BACKEND" = llama-cpp ]; then what="llama.cpp llama-server"; else what="model-server, engine $ENGINE"; fi
+if [ "$BACKEND" = vllm ]; then # each sidecar prints its address, and serves once subscribed
+  for i in "${!PODS[@]}"; do
+    for _ in $(seq 1 300); do
+      addr=$(sed -n 's/^kv-events listening on //p' "$RUN/pod-$i-kv-events.log" 2>/dev/null)
+      [ -n "$addr" ] && curl -sf -m 2 -o /dev/null "http://$addr/health" && break
+      sleep 0.1
+    done
+    curl -sf -m 2 -o /dev/null "http://$addr/health" || fail "pod-$i's kv-events sidecar is not serving; see $RUN/pod-$i-kv-events.log"
+    SIDECARS+=("${PODS[$i]}=$addr")
+  done
+fi
+case "$BACKEND" in
+  llama-cpp) what="llama.cpp llama-server" ;;
+  vllm) what="vLLM, kv-events sidecars: ${SIDECARS[*]}" ;;
+  *) what="model-server, engine $ENGINE" ;;
+esac
 echo "pods:       $(for i in "${!PODS[@]}"; do printf 'pod-%s=%s ' "$i" "${PODS[$i]}"; done)($what)"
 
 # --- Envoy with the filter ----------------------------------------------------------------------
 start_envoy() {
   ENVOY_PORT=${ENVOY_GIVEN:-$(free_port)} ADMIN_PORT=${ADMIN_GIVEN:-$(free_port)}
+  local vllm_args=()
+  if [ "$BACKEND" = vllm ]; then # the tokenizer vLLM serves, and where each pod's events are
+    vllm_args=(--tokenizer-dir "$HF_DIR" --assets-port "$(free_port)"
+               --events-addresses "$(IFS=,; echo "${SIDECARS[*]}")")
+  fi
   "$ROOT/target/debug/render-envoy-config" --pods "$(IFS=,; echo "${PODS[*]}")" \
-    --listen-port "$ENVOY_PORT" --admin-port "$ADMIN_PORT" --debug-headers -o "$RUN/envoy.yaml"
+    --listen-port "$ENVOY_PORT" --admin-port "$ADMIN_PORT" --debug-headers "${vllm_args[@]}" \
+    -o "$RUN/envoy.yaml"
   # validated once: a start again differs only in its ports
   [ -e "$RUN/envoy-validate.log" ] || "$ROOT/.venv/bin/envoy" --mode validate --disable-hot-restart \
     -c "$RUN/envoy.yaml" >"$RUN/envoy-validate.log" 2>&1 || fail "envoy config did not validate; see $RUN/envoy-validate.log"
@@ -213,8 +267,8 @@ send() { # prompt max_tokens → prints "pod cached reason latency text"
   local latency=${out##*$'\n'} json=${out%$'\n'*}
   local pod reason
   # the pod that answered, as Prometheus labels it: the model server names itself in
-  # x-inference-pod; llama-server does not, so the address the filter sent it to
-  if [ "$BACKEND" = llama-cpp ]; then
+  # x-inference-pod; llama-server and vLLM do not, so the address the filter sent it to
+  if [ "$BACKEND" != model-server ]; then
     pod=$(grep -i '^x-prefix-router-pod:' "$hdr" | cut -d' ' -f2 | tr -d '\r')
   else
     pod=$(grep -i '^x-inference-pod:' "$hdr" | cut -d' ' -f2 | tr -d '\r')
@@ -271,7 +325,7 @@ Incident: the checkout API returns HTTP 502 for 12% of requests in eu-west-1 sin
   echo "== Short prompt (under one block), sent 6 times"
   local short="Is the checkout API healthy right now?" q0 q1 st
   q0=$(scalar 'sum(vllm:prefix_cache_queries_total)')
-  st=$(jq -n --arg p "$short" '{prompt: $p}' | curl -s "http://${PODS[0]}/tokenize" -H 'content-type: application/json' -d @- | jq .count)
+  st=$(count_tokens "$short")
   printf '   send\tpod\tcached\treason\tlatency\tanswer\n'
   for i in 1 2 3 4 5 6; do printf '   %s\t%s\n' "$i" "$(send "$short" 4)"; done
   q1=$((q0 + 6 * st))

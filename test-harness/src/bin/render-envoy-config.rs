@@ -107,6 +107,13 @@ struct Args {
     /// Routing policy: prefix, round_robin, random, least_loaded.
     #[arg(long, default_value = "prefix")]
     policy: String,
+    /// Pods whose cache events a `kv-events` sidecar serves (vLLM, SGLang): the sidecar's
+    /// port on each pod's own address (Kubernetes: a container of the pod).
+    #[arg(long)]
+    events_port: Option<u16>,
+    /// …or each pod's sidecar address, as `POD=SIDECAR` pairs (`127.0.0.1:8001=127.0.0.1:9001`).
+    #[arg(long, value_delimiter = ',', value_parser = parse_pair)]
+    events_addresses: Vec<(String, String)>,
     /// How often the filter polls pods for health, load and cache events (0 = never).
     #[arg(long, default_value_t = DEFAULT_POLL_INTERVAL_MS)]
     poll_interval_ms: u64,
@@ -190,6 +197,17 @@ fn main() -> anyhow::Result<()> {
     if let Some(u) = a.unknown_model {
         s.extra.insert("unknown_model".into(), serde_json::json!(u));
     }
+    if a.events_port.is_some() || !a.events_addresses.is_empty() {
+        let addresses: serde_json::Map<String, serde_json::Value> = a
+            .events_addresses
+            .into_iter()
+            .map(|(pod, sidecar)| (pod, sidecar.into()))
+            .collect();
+        s.extra.insert(
+            "events".into(),
+            serde_json::json!({"port": a.events_port, "addresses": addresses}),
+        );
+    }
     s.assets_port = a.assets_port;
     s.extra_api_paths = a.inference_paths;
     s.pod_api_key_env = a.pod_api_key_env;
@@ -214,4 +232,11 @@ fn main() -> anyhow::Result<()> {
         None => print!("{yaml}"),
     }
     Ok(())
+}
+
+/// `POD=SIDECAR`.
+fn parse_pair(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(a, b)| (a.to_owned(), b.to_owned()))
+        .ok_or_else(|| format!("'{s}' is not POD=SIDECAR"))
 }
