@@ -18,8 +18,8 @@ echo "== prefix-core builds for wasm32"
 # "custom" backend lets the embedding binary supply it. Type-check that target too.
 CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS='--cfg getrandom_backend="custom"' \
   cargo check -q -p prefix-core --target wasm32-unknown-unknown
-echo "== build binaries the real-process tests start (model-server, wasm filter)"
-cargo build -q -p model-server --bins
+echo "== build binaries the real-process tests start (model-server, kv-events, wasm filter)"
+cargo build -q -p model-server -p kv-events --bins
 scripts/build-filter.sh
 disk
 echo "== tests"
@@ -29,8 +29,9 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   cargo test --workspace --no-fail-fast || status=$?
 fi
-echo "== the demo scripts, as a user runs them (sim engine for speed; then llama.cpp pods)"
+echo "== the demo scripts, as a user runs them (sim engine for speed; then llama.cpp and vLLM pods)"
 ENGINE=sim scripts/demo.sh all >target/demo-model-server.log 2>&1 || { status=1; tail -20 target/demo-model-server.log; echo "demo failed (model-server pods)"; }
 BACKEND=llama-cpp scripts/demo.sh all >target/demo-llama-cpp.log 2>&1 || { status=1; tail -20 target/demo-llama-cpp.log; echo "demo failed (llama.cpp pods)"; }
+BACKEND=vllm scripts/demo.sh all >target/demo-vllm.log 2>&1 || { status=1; tail -20 target/demo-vllm.log; echo "demo failed (vLLM pods)"; }
 disk
 exit "$status"
