@@ -24,10 +24,14 @@ pub const MODEL_IN_POD: &str = "/etc/prefix-router/model";
 pub const ENVOY_PORTS: (u16, u16, u16) = (10000, 9901, 9902);
 
 /// The fleets with an overlay: directory under `deploy/kubernetes`, headless Service, port.
-pub const FLEETS: [(&str, &str, u16); 2] = [
+pub const FLEETS: [(&str, &str, u16); 3] = [
     ("model-server", "model-server", 8000),
     ("llama-cpp", "llama-server", 8080),
+    ("vllm", "vllm", 8000),
 ];
+
+/// The port of the `kv-events` sidecar in the vLLM overlay's pods (plugin `events.port`).
+pub const EVENTS_PORT: u16 = 8100;
 
 pub fn manifests_dir() -> PathBuf {
     paths::repo_root().join("deploy/kubernetes")
@@ -86,7 +90,13 @@ pub fn generated() -> anyhow::Result<Vec<(PathBuf, String)>> {
     let root = paths::repo_root();
     let mut out = Vec::new();
     for (dir, service, port) in FLEETS {
-        let yaml = render(&envoy_settings(service, port), &paths::envoy_template_dir())?;
+        let mut settings = envoy_settings(service, port);
+        if dir == "vllm" {
+            settings
+                .extra
+                .insert("events".into(), json!({ "port": EVENTS_PORT }));
+        }
+        let yaml = render(&settings, &paths::envoy_template_dir())?;
         out.push((
             PathBuf::from(format!("deploy/kubernetes/{dir}/envoy-config.yaml")),
             configmap(

@@ -423,3 +423,82 @@ fn kubectl_kustomize_agrees_where_installed() {
         assert_eq!(theirs, ours, "{fleet}");
     }
 }
+
+/// The vLLM overlay: each pod's sidecar serves its events on the port the filter asks, reads
+/// them from sockets in a volume it shares with vLLM, and hashes with the router's model and
+/// block size.
+#[test]
+fn the_vllm_sidecar_serves_what_the_filter_asks_for() {
+    let objs = fleet_objects("vllm");
+    let pods = objs
+        .iter()
+        .find(|o| o.kind() == "Deployment" && o.name() == "vllm")
+        .unwrap();
+    let containers = pods.doc["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap();
+    let by_name = |n: &str| containers.iter().find(|c| c["name"] == n).unwrap();
+    let (vllm, sidecar) = (by_name("vllm"), by_name("kv-events"));
+    let args = |c: &Value| -> Vec<String> {
+        c["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_owned())
+            .collect()
+    };
+    let flag = |c: &Value, f: &str| {
+        let a = args(c);
+        let i = a
+            .iter()
+            .position(|x| x == f)
+            .unwrap_or_else(|| panic!("no {f}"));
+        a[i + 1].clone()
+    };
+    // the filter asks each pod's address on the events port, which the sidecar listens on
+    let port = test_harness::kubernetes::EVENTS_PORT;
+    let config = configmap_file(&objs, "envoy-config", "envoy.yaml");
+    assert!(
+        config.contains(&format!("\\\"events\\\":{{\\\"port\\\":{port}}}")),
+        "{config}"
+    );
+    assert_eq!(flag(sidecar, "--listen"), format!("0.0.0.0:{port}"));
+    assert_eq!(sidecar["ports"][0]["containerPort"], port);
+    // vLLM publishes where the sidecar subscribes, in a volume both mount at the same path
+    let events: Value = serde_json::from_str(&flag(vllm, "--kv-events-config")).unwrap();
+    assert_eq!(
+        events["endpoint"].as_str().unwrap(),
+        flag(sidecar, "--events")
+    );
+    assert_eq!(
+        events["replay_endpoint"].as_str().unwrap(),
+        flag(sidecar, "--replay")
+    );
+    let dir = Path::new(flag(sidecar, "--events").trim_start_matches("ipc://"))
+        .parent()
+        .unwrap()
+        .to_owned();
+    for c in [vllm, sidecar] {
+        assert!(
+            c["volumeMounts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|m| m["name"] == "kv-events"
+                    && Path::new(m["mountPath"].as_str().unwrap()) == dir),
+            "{} does not mount {}",
+            c["name"],
+            dir.display()
+        );
+    }
+    // the sidecar names the model as the router does, and asks vLLM on its own port
+    assert_eq!(flag(vllm, "--served-model-name"), flag(sidecar, "--model"));
+    assert!(config.contains(&format!(
+        "\\\"model_name\\\":\\\"{}\\\"",
+        flag(sidecar, "--model")
+    )));
+    assert_eq!(
+        flag(sidecar, "--pod"),
+        format!("http://127.0.0.1:{}", flag(vllm, "--port"))
+    );
+}
