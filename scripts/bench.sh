@@ -9,11 +9,14 @@
 #                                         through Envoy and at a pod, each timed
 #   scripts/bench.sh faults [--quick]     pod kill/restart/join under 50 req/s, 100k unique
 #                                         prompts, 10-minute soak with kills (quick: ~3 min)
+#   scripts/bench.sh vllm [--quick]      prefix routing on 3 real vLLM pods, events on and
+#                                         off, beside round robin and the peers (~10 min)
 #   scripts/bench.sh --help           every option (pods, rate, requests, workloads, seed, …)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh >/dev/null  # includes the peers (scripts/install-peers.sh)
 cargo build -q --release -p model-server -p prefix-router-bench --bins
+cargo build -q -p kv-events --bins # the vLLM pods' sidecars (test-harness starts the debug build)
 scripts/build-filter.sh >/dev/null
 # the floor row of the filter overhead: a wasm filter that only reads the body
 cargo build -q --profile wasm -p prefix-router-floor-filter --target wasm32-wasip1

@@ -38,6 +38,9 @@ enum Which {
     /// hostile requests (huge words, batches, deep JSON, …) through Envoy and at a pod:
     /// status and time of each, and of a small request right after
     Hostile,
+    /// prefix routing on three real vLLM pods, with their KV-cache events and without, beside
+    /// round robin and the peer routers (a short closed-loop run; not part of `all`)
+    Vllm,
     /// everything
     All,
 }
@@ -508,6 +511,18 @@ pub fn main() -> anyhow::Result<()> {
         let rows = crate::hostile::run()?;
         print!("{}", crate::hostile::table(&rows));
         summary.insert("hostile".into(), serde_json::to_value(&rows)?);
+    }
+    if a.which == Which::Vllm {
+        let requests = a
+            .saturated_requests
+            .unwrap_or(if a.quick { 48 } else { 192 });
+        println!(
+            "== real vLLM pods (3, CPU build, {}-block caches) with kv-events sidecars: {requests} shared-prefix requests, 6 clients, per front",
+            crate::vllm_fleet::CACHE_BLOCKS
+        );
+        let dir = test_harness::cluster::run_dir("bench-vllm");
+        let rows = crate::vllm_fleet::run(requests, 6, &dir)?;
+        summary.insert("vllm".into(), serde_json::to_value(&rows)?);
     }
     if a.which == Which::Faults {
         let p = faults::FaultParams {

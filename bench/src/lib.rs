@@ -16,6 +16,7 @@
 //!   and batching, beside [`llama_cpp`] on the same model and cores.
 //! - [`faults`]: pod kill, restart, join, unique prompts and a soak, under load.
 //! - [`hostile`]: hostile requests through Envoy and at a pod, timed.
+//! - [`vllm_fleet`]: the policies and the peers on real vLLM pods, events on and off.
 //! - [`cli`]: the `bench` command line that runs them and prints the summary.
 
 pub mod cli;
@@ -33,6 +34,7 @@ pub mod policies;
 pub mod replay;
 pub mod report;
 pub mod trace;
+pub mod vllm_fleet;
 pub mod wrk;
 
 use serde::Serialize;

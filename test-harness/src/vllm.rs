@@ -83,7 +83,10 @@ pub fn command(port: u16, sockets: &Sockets, extra_args: &[&str]) -> anyhow::Res
         .env("OMP_NUM_THREADS", "1")
         .env("HF_HUB_OFFLINE", "1")
         .env("VLLM_NO_USAGE_STATS", "1")
-        .env("DO_NOT_TRACK", "1");
+        .env("DO_NOT_TRACK", "1")
+        // POST /reset_prefix_cache, which the benchmark empties the caches with between runs
+        // (the pod's port is internal: only Envoy and the harness reach it)
+        .env("VLLM_SERVER_DEV_MODE", "1");
     Ok(cmd)
 }
 
