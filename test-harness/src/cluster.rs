@@ -46,6 +46,17 @@ pub struct Sidecar {
     pub proc: Proc,
 }
 
+impl Sidecar {
+    /// Waits until its page is served (its pod answers and its events are subscribed to).
+    fn serving(&mut self, http: &Client) -> anyhow::Result<()> {
+        let page = format!("http://{}/health", self.addr);
+        let name = self.proc.name.clone();
+        wait_until(&name, &mut self.proc, Duration::from_secs(30), || {
+            healthy(http, &page)
+        })
+    }
+}
+
 /// One Envoy process.
 pub struct Envoy {
     pub listen_port: u16,
@@ -269,16 +280,10 @@ impl Pod {
         wait_until(&self.name.clone(), &mut self.proc, patience, || {
             healthy(http, &health)
         })?;
-        if let Some(s) = &mut self.sidecar {
-            let page = format!("http://{}/health", s.addr);
-            wait_until(
-                &s.proc.name.clone(),
-                &mut s.proc,
-                Duration::from_secs(30),
-                || healthy(http, &page),
-            )?;
+        match &mut self.sidecar {
+            Some(s) => s.serving(http),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// Stops a vLLM pod's sidecar and starts a new one on the same address: a subscriber
@@ -295,13 +300,7 @@ impl Pod {
             crate::vllm::sidecar_command(port, &sockets, &s.addr)?,
             dir,
         )?;
-        let page = format!("http://{}/health", s.addr);
-        wait_until(
-            &s.proc.name.clone(),
-            &mut s.proc,
-            Duration::from_secs(30),
-            || healthy(http, &page),
-        )
+        s.serving(http)
     }
 
     /// Stops a vLLM pod's sidecar alone.
