@@ -128,7 +128,7 @@ fn filter_times(envoy: &test_harness::cluster::Envoy) -> FilterTimes {
 }
 
 /// The process in front of the pods for one run.
-enum Running {
+pub(crate) enum Running {
     Envoy(test_harness::cluster::Envoy),
     Peer(peers::PeerRouter),
 }
@@ -163,7 +163,7 @@ impl Running {
         })
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         match self {
             Running::Envoy(e) => e.url(""),
             Running::Peer(p) => p.url(""),
@@ -289,12 +289,7 @@ pub fn run_one(
     };
 
     let http = client();
-    let metric = |name: &str| -> Vec<f64> {
-        addrs
-            .iter()
-            .map(|a| pod_metric(&http, a, name).unwrap_or(0.0))
-            .collect()
-    };
+    let metric = |name: &str| each_pod(&http, &addrs, name);
     let hits: f64 = metric("vllm:prefix_cache_hits_total").iter().sum();
     let queries: f64 = metric("vllm:prefix_cache_queries_total").iter().sum();
     let per_pod = metric("vllm:e2e_request_latency_seconds_count");
@@ -427,4 +422,12 @@ pub fn run_all(
     }
     bar.finish_and_clear();
     Ok(runs)
+}
+
+/// One counter of every pod at `addrs`, in that order (0 where a pod does not answer).
+pub(crate) fn each_pod(http: &reqwest::blocking::Client, addrs: &[String], name: &str) -> Vec<f64> {
+    addrs
+        .iter()
+        .map(|a| pod_metric(http, a, name).unwrap_or(0.0))
+        .collect()
 }

@@ -10,6 +10,7 @@
 //! pod: where a prompt goes matters.
 
 use crate::peers::{self, Front, Peer};
+use crate::policies::{each_pod, Running};
 use crate::replay::{quantile, replay, Arrivals};
 use crate::trace::{generate, TraceParams, Workload};
 use serde::Serialize;
@@ -92,12 +93,7 @@ pub fn run(requests: usize, concurrency: usize, dir: &Path) -> anyhow::Result<Ve
         },
     );
     let http = client();
-    let sum = |name: &str| -> Vec<f64> {
-        addrs
-            .iter()
-            .map(|a| pod_metric(&http, a, name).unwrap_or(0.0))
-            .collect()
-    };
+    let sum = |name: &str| each_pod(&http, &addrs, name);
     let mut rows = Vec::new();
     for (name, front, events) in fronts() {
         let Some(front) = front else { continue };
@@ -184,20 +180,6 @@ fn reset_caches(pods: &[Pod]) -> anyhow::Result<()> {
         }
     }
     Ok(())
-}
-
-enum Running {
-    Envoy(test_harness::cluster::Envoy),
-    Peer(peers::PeerRouter),
-}
-
-impl Running {
-    fn url(&self) -> String {
-        match self {
-            Running::Envoy(e) => e.url(""),
-            Running::Peer(p) => p.url(""),
-        }
-    }
 }
 
 fn start_front(front: Front, events: bool, pods: &[Pod], dir: &Path) -> anyhow::Result<Running> {

@@ -59,10 +59,6 @@ impl Feed {
         }
     }
 
-    pub fn sequence(&mut self) -> &mut Sequence {
-        &mut self.seq
-    }
-
     /// A live message arrived: what to do with it (see [`Sequence::on_live`]).
     pub fn on_live(&mut self, seq: u64) -> Step {
         self.counters.messages += 1;

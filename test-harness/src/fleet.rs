@@ -249,7 +249,7 @@ impl Fleet {
 /// apply it in its settings too.
 pub fn pod_defaults(pods: &[Pod], s: &mut EnvoySettings) {
     if pods.iter().any(|p| p.kind == PodKind::Vllm) {
-        s.tokenizer_dir = Some(crate::vllm::model_dir());
+        s.tokenizer_dir = Some(crate::paths::vllm_model_dir());
     }
     let addresses: serde_json::Map<String, Value> = pods
         .iter()

@@ -9,7 +9,7 @@
 
 use crate::paths;
 use prefix_core::protocol::defaults::{BLOCK_SIZE, MODEL_NAME};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 /// Longest prompt + answer a test pod serves (its whole KV space is sized from it).
@@ -117,9 +117,4 @@ pub fn sidecar_addr(log: &Path) -> Option<String> {
     text.lines()
         .find_map(|l| l.strip_prefix("kv-events listening on "))
         .map(|a| a.trim().to_owned())
-}
-
-/// The model directory vLLM serves.
-pub fn model_dir() -> PathBuf {
-    paths::vllm_model_dir()
 }

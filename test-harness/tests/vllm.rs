@@ -350,7 +350,7 @@ fn agreement_corpus() -> Vec<(Endpoint, Value)> {
 #[test]
 fn the_filters_tokens_equal_vllms_own() {
     let f = fleet("vllm-tokens", 1, &[]);
-    let dir = test_harness::vllm::model_dir();
+    let dir = test_harness::paths::vllm_model_dir();
     let read = |name: &str| std::fs::read(dir.join(name)).ok();
     let tokenizer = read("tokenizer.json").unwrap();
     let config = read("tokenizer_config.json");
