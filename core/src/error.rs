@@ -133,10 +133,7 @@ impl ApiError {
         at_least: bool,
         endpoint: crate::request::Endpoint,
     ) -> Self {
-        let param = match endpoint {
-            crate::request::Endpoint::Completions => "prompt",
-            crate::request::Endpoint::ChatCompletions => "messages",
-        };
+        let param = endpoint.prompt_field();
         let bound = if at_least { "at least " } else { "" };
         ApiError::invalid(
             format!("This model's maximum context length is {max} tokens; the prompt has {bound}{tokens} tokens."),

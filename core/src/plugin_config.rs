@@ -3,9 +3,9 @@
 //! A document without `models` is one model's [`RouterConfig`], as it always was. With
 //! `models`, each entry is a model's own `RouterConfig` (its pods or discovery, tokenizer,
 //! block size, adapters, route cluster) and every field the entry leaves out is taken from
-//! the top level, so settings shared by all models are written once. Three fields live only at
-//! the top level: `max_body_bytes` and `debug_headers` apply before the request's model is
-//! known, and `poll_interval_ms` is one timer for every model's polls.
+//! the top level, so settings shared by all models are written once. Four fields live only at
+//! the top level: `max_body_bytes`, `debug_headers` and `inference_paths` apply before the
+//! request's model is known, and `poll_interval_ms` is one timer for every model's polls.
 //!
 //! `unknown_model` says what happens to a request naming a model no entry serves (neither a
 //! `model_name` nor an adapter): `"reject"` (the default) answers 404 `model_not_found` as
@@ -21,7 +21,12 @@ pub const MAX_MODELS: usize = 64;
 
 /// Fields that apply before the request's model is known, or to the whole VM (one timer
 /// drives every model's polls): top level only.
-const TOP_LEVEL_ONLY: [&str; 3] = ["max_body_bytes", "debug_headers", "poll_interval_ms"];
+const TOP_LEVEL_ONLY: [&str; 4] = [
+    "max_body_bytes",
+    "debug_headers",
+    "poll_interval_ms",
+    "inference_paths",
+];
 
 /// What a request naming a model that no entry serves gets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,6 +138,14 @@ impl PluginConfig {
     /// How often pods are polled (a top-level setting; 0: never).
     pub fn poll_interval_ms(&self) -> u64 {
         self.models.first().map_or(0, |m| m.poll_interval_ms)
+    }
+
+    /// How a POST to `path` is routed (a top-level setting: the path is seen before the
+    /// body names the model). `None`: not an inference path.
+    pub fn path_kind(&self, path: &str) -> Option<crate::request::PathKind> {
+        let none = std::collections::BTreeMap::new();
+        let declared = self.models.first().map_or(&none, |m| &m.inference_paths);
+        crate::request::PathKind::of(path, declared)
     }
 
     /// Whether responses carry the `x-prefix-router-*` debug headers.

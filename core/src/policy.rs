@@ -55,7 +55,8 @@ pub enum Reason {
     /// Policy `cost`: the prefix's owners are so busy that warming one more pod saves its
     /// requests more queueing than the cold prefill costs.
     Replicate,
-    /// Not an inference request (e.g. `/v1/models`): least loaded.
+    /// Nothing to reuse by prefix (`/v1/models`, embeddings, pooling, a continued
+    /// response): least loaded in the request's model's pool.
     Passthrough,
     /// The router's own state is broken: fail open to plain balancing.
     Fallback,

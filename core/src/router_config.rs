@@ -129,6 +129,10 @@ pub struct RouterConfig {
     /// the listener's routes match on that header, one route per cluster.
     #[serde(default = "default_pods_cluster")]
     pub route_cluster: String,
+    /// More inference paths than the built-in ones, each with its body kind
+    /// (`completions`, `chat`, `responses`, `messages`, or `balanced`: only its model read).
+    #[serde(default)]
+    pub inference_paths: std::collections::BTreeMap<String, crate::request::PathKind>,
 }
 
 /// Where a pod's cache-events page is: its `kv-events` sidecar.
@@ -327,6 +331,16 @@ impl RouterConfig {
             return Err(err(
                 "pods",
                 "at least one pod (ip:port) is required (or `discovery`)",
+            ));
+        }
+        if let Some(p) = self
+            .inference_paths
+            .keys()
+            .find(|p| !crate::request::PathKind::valid_path(p))
+        {
+            return Err(err(
+                "inference_paths",
+                format!("'{p}' must be a path starting with '/' (no query)"),
             ));
         }
         if self.pods.len() > MAX_MEMBERS {

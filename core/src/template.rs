@@ -17,6 +17,9 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: String,
     eos_token: String,
+    /// The template refuses a system message anywhere but first (probed once, as vLLM
+    /// probes: `[system, user, system, user]` raises).
+    system_first: bool,
 }
 
 /// A template that does not compile.
@@ -45,15 +48,52 @@ impl ChatTemplate {
         });
         env.add_template_owned(NAME, source.to_owned())
             .map_err(|e| TemplateError(e.to_string()))?;
-        Ok(ChatTemplate {
+        let mut t = ChatTemplate {
             env,
             bos_token: bos_token.to_owned(),
             eos_token: eos_token.to_owned(),
-        })
+            system_first: false,
+        };
+        let probe = ["system", "user", "system", "user"].map(|r| ChatMessage::text(r, "t"));
+        t.system_first = t.render(&probe, &ChatOptions::default()).is_err();
+        Ok(t)
+    }
+
+    /// Anthropic-style messages for a template that allows a system message only first:
+    /// the later system messages' text appended to the leading one (or made the leading
+    /// one), as vLLM merges them. `leading`: the first message is the request's own system.
+    fn merge_inline_system(messages: &[ChatMessage], leading: bool) -> Vec<ChatMessage> {
+        let skip = usize::from(leading);
+        let mut merged: String = messages
+            .iter()
+            .take(skip)
+            .filter_map(ChatMessage::content)
+            .collect();
+        let mut rest = Vec::with_capacity(messages.len());
+        for m in &messages[skip.min(messages.len())..] {
+            match m.role() {
+                "system" => merged.push_str(m.content().unwrap_or_default()),
+                _ => rest.push(m.clone()),
+            }
+        }
+        if merged.is_empty() && !leading {
+            return rest;
+        }
+        let mut out = vec![ChatMessage::text("system", &merged)];
+        out.extend(rest);
+        out
     }
 
     /// Renders `messages` with `opts` (the generation prompt by default).
     pub fn render(&self, messages: &[ChatMessage], opts: &ChatOptions) -> Result<String, ApiError> {
+        let merged;
+        let messages = match opts.merge_inline_system {
+            Some(leading) if self.system_first => {
+                merged = Self::merge_inline_system(messages, leading);
+                &merged[..]
+            }
+            _ => messages,
+        };
         let tmpl = self
             .env
             .get_template(NAME)
@@ -105,27 +145,36 @@ fn py_tojson(value: minijinja::Value, kwargs: minijinja::value::Kwargs) -> Resul
     kwargs.assert_all_used()?;
     let json = serde_json::to_value(&value)
         .map_err(|e| Error::new(ErrorKind::BadSerialization, e.to_string()))?;
+    py_json(&json, indent, false).map_err(|e| Error::new(ErrorKind::BadSerialization, e))
+}
+
+/// `json.dumps(v, indent=indent, ensure_ascii=ascii)` as Python writes it.
+pub(crate) fn py_json(
+    v: &serde_json::Value,
+    indent: Option<usize>,
+    ascii: bool,
+) -> Result<String, String> {
     let mut out = Vec::new();
     let written = match indent {
         Some(n) => {
             let pad = vec![b' '; n];
             let f = serde_json::ser::PrettyFormatter::with_indent(&pad);
-            serde::Serialize::serialize(
-                &json,
-                &mut serde_json::Serializer::with_formatter(&mut out, f),
-            )
+            serde::Serialize::serialize(v, &mut serde_json::Serializer::with_formatter(&mut out, f))
         }
         None => serde::Serialize::serialize(
-            &json,
-            &mut serde_json::Serializer::with_formatter(&mut out, PyCompact),
+            v,
+            &mut serde_json::Serializer::with_formatter(&mut out, PyCompact { ascii }),
         ),
     };
-    written.map_err(|e| Error::new(ErrorKind::BadSerialization, e.to_string()))?;
-    String::from_utf8(out).map_err(|e| Error::new(ErrorKind::BadSerialization, e.to_string()))
+    written.map_err(|e| e.to_string())?;
+    String::from_utf8(out).map_err(|e| e.to_string())
 }
 
-/// Python's default JSON separators, `", "` and `": "`.
-struct PyCompact;
+/// Python's default JSON separators, `", "` and `": "`; with `ascii`, every character past
+/// ASCII as a `\uXXXX` escape (UTF-16 pairs past the BMP), as `ensure_ascii=True` does.
+struct PyCompact {
+    ascii: bool,
+}
 
 /// `", "` before every array value or object key but the first.
 fn py_separator<W: ?Sized + std::io::Write>(w: &mut W, first: bool) -> std::io::Result<()> {
@@ -153,6 +202,26 @@ impl serde_json::ser::Formatter for PyCompact {
     }
     fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
         w.write_all(b": ")
+    }
+    fn write_string_fragment<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        fragment: &str,
+    ) -> std::io::Result<()> {
+        if !self.ascii || fragment.is_ascii() {
+            return w.write_all(fragment.as_bytes());
+        }
+        for c in fragment.chars() {
+            if c.is_ascii() {
+                w.write_all(&[c as u8])?;
+            } else {
+                let mut units = [0u16; 2];
+                for u in c.encode_utf16(&mut units) {
+                    write!(w, "\\u{u:04x}")?;
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -245,5 +314,49 @@ mod tests {
     #[test]
     fn broken_template_is_an_error() {
         assert!(ChatTemplate::new("{% for %}", "", "").is_err());
+    }
+
+    #[test]
+    fn inline_system_is_merged_only_where_the_template_wants_it_first() {
+        // Qwen-style guard: a system message anywhere but first raises
+        let strict = ChatTemplate::new(
+            "{% for m in messages %}{% if m.role == 'system' and not loop.first %}{{ raise_exception('system first') }}{% endif %}[{{ m.role }}:{{ m.content }}]{% endfor %}",
+            "",
+            "",
+        )
+        .unwrap();
+        let lenient = ChatTemplate::new(
+            "{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}",
+            "",
+            "",
+        )
+        .unwrap();
+        assert!(strict.system_first && !lenient.system_first);
+        let msgs = [
+            ChatMessage::text("system", "A."),
+            ChatMessage::text("user", "hi"),
+            ChatMessage::text("system", "B."),
+            ChatMessage::text("user", "go"),
+        ];
+        let mut o = ChatOptions {
+            merge_inline_system: Some(true),
+            ..ChatOptions::default()
+        };
+        assert_eq!(
+            strict.render(&msgs, &o).unwrap(),
+            "[system:A.B.][user:hi][user:go]"
+        );
+        assert_eq!(
+            lenient.render(&msgs, &o).unwrap(),
+            "[system:A.][user:hi][system:B.][user:go]"
+        );
+        // no top-level system: the inline ones become the leading one
+        o.merge_inline_system = Some(false);
+        assert_eq!(
+            strict.render(&msgs[1..], &o).unwrap(),
+            "[system:B.][user:hi][user:go]"
+        );
+        // chat completions never merge: the template's refusal stands
+        assert!(strict.render(&msgs, &ChatOptions::default()).is_err());
     }
 }

@@ -14,7 +14,7 @@ use crate::router::{Pending, Router};
 use prefix_core::liveness::is_connect_failure;
 use prefix_core::policy::Reason;
 use prefix_core::protocol::headers::{self, debug};
-use prefix_core::request::{parse_request, Endpoint};
+use prefix_core::request::{parse_request, PathKind};
 use prefix_core::ApiError;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
@@ -31,8 +31,9 @@ pub struct RouterHttp<H: Host> {
     /// requests that are not inference requests).
     router: Option<Rc<Router>>,
     metrics: Option<Rc<Metrics<H>>>,
-    /// Set for an inference request (POST to a completions path) until it is decided.
-    endpoint: Option<Endpoint>,
+    /// Set for an inference request (a POST to an inference path: read by prefix, or only
+    /// for its model) until it is decided.
+    reading: Option<PathKind>,
     /// The decision, with the members it was made among.
     pub placed: Option<Placement>,
     prefix_hash: Option<String>,
@@ -58,7 +59,7 @@ impl<H: Host> RouterHttp<H> {
             models,
             router: None,
             metrics: None,
-            endpoint: None,
+            reading: None,
             placed: None,
             prefix_hash: None,
             read_short: None,
@@ -121,11 +122,15 @@ impl<H: Host> RouterHttp<H> {
     /// The whole body is here: decide and let the request go.
     fn finish(&mut self, body_size: usize) -> Action {
         self.done = true;
-        let (Some(models), Some(endpoint)) = (self.models.clone(), self.endpoint) else {
+        let (Some(models), Some(reading)) = (self.models.clone(), self.reading) else {
             return Action::Continue;
         };
         let body = self.host.request_body(body_size).unwrap_or_default();
         let started = self.host.now_nanos();
+        let endpoint = match reading {
+            PathKind::Prefix(e) => e,
+            PathKind::Balanced => return self.balance(&models, &body),
+        };
         let req = match parse_request(endpoint, &body) {
             Ok(r) => r,
             Err(e) => return self.reject(&e),
@@ -137,7 +142,8 @@ impl<H: Host> RouterHttp<H> {
         };
         self.use_model(&models, model);
         let host = &*self.host;
-        let routed = match known {
+        // a continued response's history is on the pod that stored it, not in this body
+        let routed = match known && req.previous_response.is_none() {
             true => model.router.route_request(host, &req),
             false => Ok(model.router.by_load(host, 0)),
         };
@@ -165,6 +171,28 @@ impl<H: Host> RouterHttp<H> {
         }
     }
 
+    /// A request with nothing to reuse by prefix (embeddings, pooling): only its `model` is
+    /// read, to send it to that model's pool, least loaded there. A body that is not JSON
+    /// goes to the default model's pool for its server to answer.
+    fn balance(&mut self, models: &Models<H>, body: &[u8]) -> Action {
+        #[derive(serde::Deserialize)]
+        struct Named {
+            model: Option<String>,
+        }
+        let named = serde_json::from_slice::<Named>(body)
+            .ok()
+            .and_then(|n| n.model);
+        let model = match models.lookup(named.as_deref()) {
+            Lookup::Served(m) | Lookup::Unknown(m) => m,
+            Lookup::NotFound(e) => return self.reject(&e),
+        };
+        self.use_model(models, model);
+        if let Some(placed) = model.router.plain(&*self.host, Reason::Passthrough) {
+            self.set_destination(placed);
+        }
+        Action::Continue
+    }
+
     pub fn request_headers(&mut self, end_of_stream: bool) -> Action {
         // Never honour a client-supplied destination (or cluster).
         let host = Rc::clone(&self.host);
@@ -190,8 +218,8 @@ impl<H: Host> RouterHttp<H> {
         }
         let header = |name| host.header(Headers::Request, name).unwrap_or_default();
         let (path, method) = (header(":path"), header(":method"));
-        self.endpoint = Endpoint::from_path(&path).filter(|_| method == "POST");
-        if self.endpoint.is_none() {
+        self.reading = models.config.path_kind(&path).filter(|_| method == "POST");
+        if self.reading.is_none() {
             let bare = path.split('?').next().unwrap_or_default();
             if models.config.several && method == "GET" && bare == MODELS_PATH {
                 self.done = true;
@@ -226,7 +254,7 @@ impl<H: Host> RouterHttp<H> {
     }
 
     pub fn request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        if self.done || self.endpoint.is_none() {
+        if self.done || self.reading.is_none() {
             return Action::Continue;
         }
         if let Some(e) = self
@@ -243,7 +271,7 @@ impl<H: Host> RouterHttp<H> {
     }
 
     pub fn request_trailers(&mut self) -> Action {
-        if self.done || self.endpoint.is_none() {
+        if self.done || self.reading.is_none() {
             return Action::Continue;
         }
         // A body followed by trailers: the body ended without end_of_stream.
@@ -328,7 +356,7 @@ impl<H: Host> RouterHttp<H> {
             Some(read) => read,
             None => self.host.upstream_address(),
         };
-        if served.is_some_and(|s| s != chosen) && self.endpoint.is_some() {
+        if served.is_some_and(|s| s != chosen) && self.reading.is_some() {
             if let Some(m) = &self.metrics {
                 m.served_elsewhere();
             }
@@ -377,6 +405,7 @@ mod tests {
     use crate::host::fake::FakeHost;
     use crate::pods::{read_state, Inflight};
     use crate::testing;
+    use prefix_core::request::Endpoint;
     use prefix_core::router_config::RouterConfig;
 
     struct Stream {
@@ -663,7 +692,7 @@ mod tests {
         for (method, path) in [
             ("GET", "/v1/models"),
             ("GET", "/v1/completions"),
-            ("POST", "/v1/embeddings"),
+            ("POST", "/v1/files"),
         ] {
             let mut s = stream(
                 &f,

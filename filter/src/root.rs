@@ -890,4 +890,109 @@ mod tests {
         );
         assert_eq!(sent.map(|s| s.0), Some(400));
     }
+
+    #[test]
+    fn every_inference_path_is_routed_in_its_models_pool() {
+        let root = two_models("reject");
+        let host = &root.host;
+        // nothing to reuse by prefix: the named model's pool, least loaded
+        let (dest, routed_to, sent) = send(
+            &root,
+            "POST",
+            "/v1/embeddings",
+            Some(json!({"model": "b", "input": "some text"})),
+        );
+        assert_eq!(
+            (dest.as_deref(), routed_to.as_deref(), sent),
+            (Some("127.0.0.1:9001"), Some("pods_b"), None)
+        );
+        assert_eq!(host.metric("prefix_router_decisions.passthrough.b"), 1);
+        let (_, _, sent) = send(
+            &root,
+            "POST",
+            "/v1/embeddings",
+            Some(json!({"model": "c", "input": "x"})),
+        );
+        assert_eq!(
+            sent.map(|s| s.0),
+            Some(404),
+            "an unknown model, as the servers answer"
+        );
+        // the Responses API and Anthropic-style messages are rendered and routed by prefix
+        let system = "You are a careful assistant who answers in one short sentence, always.";
+        let responses =
+            json!({"model": "a", "instructions": system, "input": "What is two plus two?"});
+        let messages = json!({"model": "a", "max_tokens": 8, "system": system,
+            "messages": [{"role": "user", "content": "What is two plus two?"}]});
+        for (path, body) in [("/v1/responses", &responses), ("/v1/messages", &messages)] {
+            let (first, _, sent) = send(&root, "POST", path, Some(body.clone()));
+            assert_eq!(sent, None, "{path}");
+            let (again, _, _) = send(&root, "POST", path, Some(body.clone()));
+            assert_eq!(
+                first.unwrap().split(',').next(),
+                again.unwrap().split(',').next(),
+                "{path}"
+            );
+        }
+        // both render to the same chat, so the second endpoint found the first one's blocks
+        assert_eq!(host.metric("prefix_router_decisions.cold.a"), 1);
+        assert_eq!(host.metric("prefix_router_decisions.prefix_hit.a"), 3);
+        // their own mistakes get the servers' 400s
+        let (_, _, sent) = send(
+            &root,
+            "POST",
+            "/v1/messages",
+            Some(json!({"model": "a", "messages": []})),
+        );
+        let (status, body) = sent.unwrap();
+        assert!(status == 400 && body.contains("max_tokens"), "{body}");
+        // a continued response goes by load: its history is on a pod, not in the body
+        let (dest, _, sent) = send(
+            &root,
+            "POST",
+            "/v1/responses",
+            Some(json!({"model": "a", "input": "and then?", "previous_response_id": "resp_1"})),
+        );
+        assert!(dest.is_some() && sent.is_none());
+        assert_eq!(host.metric("prefix_router_decisions.fallback.a"), 1);
+    }
+
+    #[test]
+    fn a_pool_may_declare_more_inference_paths() {
+        let root = configured(&format!(
+            r#","block_size":4,{},"inference_paths":{{"/generate":"completions","/embed":"balanced"}}"#,
+            crate::testing::INSTANT_PREFILL
+        ));
+        let prompt = json!({"prompt": "a prompt that is long enough for a block or two"});
+        let model = prefix_core::protocol::defaults::MODEL_NAME;
+        for _ in 0..2 {
+            let (dest, _, sent) = send(&root, "POST", "/generate", Some(prompt.clone()));
+            assert!(dest.is_some() && sent.is_none());
+        }
+        assert_eq!(
+            root.host
+                .metric(&format!("prefix_router_decisions.prefix_hit.{model}")),
+            1
+        );
+        send(&root, "POST", "/embed", Some(json!({"input": "x"})));
+        assert_eq!(
+            root.host
+                .metric(&format!("prefix_router_decisions.passthrough.{model}")),
+            1
+        );
+        let bad = RouterRoot::new(
+            {
+                let host = Rc::new(FakeHost::default());
+                *host.config.borrow_mut() =
+                    format!(r#"{{{PODS},"inference_paths":{{"/x":"nope"}}}}"#).into_bytes();
+                host
+            },
+            7,
+        );
+        let mut bad = bad;
+        assert!(
+            !bad.configure(),
+            "an unknown body kind is a configuration error"
+        );
+    }
 }

@@ -4,7 +4,7 @@
 //! [`crate::openai`].
 
 use crate::state::AppState;
-use crate::{openai, pipeline};
+use crate::{anthropic, openai, pipeline, responses_api};
 use axum::body::Bytes;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
@@ -30,6 +30,8 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/responses", post(responses))
+        .route("/v1/messages", post(messages))
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
@@ -320,6 +322,14 @@ async fn chat_completions(State(s): State<Arc<AppState>>, req: Request) -> Respo
     serve_inference(s, Endpoint::ChatCompletions, req).await
 }
 
+async fn responses(State(s): State<Arc<AppState>>, req: Request) -> Response {
+    serve_inference(s, Endpoint::Responses, req).await
+}
+
+async fn messages(State(s): State<Arc<AppState>>, req: Request) -> Response {
+    serve_inference(s, Endpoint::Messages, req).await
+}
+
 async fn serve_inference(s: Arc<AppState>, endpoint: Endpoint, req: Request) -> Response {
     match inference(&s, endpoint, req).await {
         Ok(r) => r,
@@ -348,8 +358,25 @@ async fn inference(
             "the server's request queue is full; retry later",
         ));
     }
-    let work = prepare_off_workers(s, endpoint, body).await?;
+    let mut work = prepare_off_workers(s, endpoint, body).await?;
     let stream = work.first().is_some_and(|(r, _)| r.stream);
+    if matches!(endpoint, Endpoint::Responses | Endpoint::Messages) {
+        // one prompt each: no batches in these APIs
+        let (one, prompt) = work
+            .pop()
+            .ok_or_else(|| ApiError::internal("empty request"))?;
+        if let Some(id) = &one.previous_response {
+            return Err(responses_api::not_stored(id));
+        }
+        let rx = pipeline::serve(s, &one, prompt, started).await?;
+        let model = s.bundle.name();
+        return match (endpoint, stream) {
+            (Endpoint::Responses, false) => responses_api::collect(model, rx).await,
+            (Endpoint::Responses, true) => Ok(responses_api::stream(model, rx)),
+            (_, false) => anthropic::collect(model, rx).await,
+            (_, true) => Ok(anthropic::stream(model, rx)),
+        };
+    }
     let reply = openai::Reply::new(endpoint, s.bundle.name());
     let n = work.len();
     let mut work = work.into_iter();

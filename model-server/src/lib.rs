@@ -28,6 +28,8 @@
 //! - [`metrics`]: vLLM-named Prometheus metrics.
 
 pub mod admission;
+pub mod answer;
+pub mod anthropic;
 pub mod api;
 pub mod cache;
 pub mod config;
@@ -36,6 +38,7 @@ pub mod gguf_vocab;
 pub mod metrics;
 pub mod openai;
 pub mod pipeline;
+pub mod responses_api;
 pub mod state;
 
 pub use config::Config;

@@ -50,7 +50,7 @@ impl Reply {
         let n = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         let id = match endpoint {
             Endpoint::Completions => format!("cmpl-{n}"),
-            Endpoint::ChatCompletions => format!("chatcmpl-{n}"),
+            _ => format!("chatcmpl-{n}"),
         };
         Reply {
             endpoint,
@@ -63,8 +63,8 @@ impl Reply {
     fn object(&self, streamed: bool) -> &'static str {
         match (self.endpoint, streamed) {
             (Endpoint::Completions, _) => "text_completion",
-            (Endpoint::ChatCompletions, false) => "chat.completion",
-            (Endpoint::ChatCompletions, true) => "chat.completion.chunk",
+            (_, false) => "chat.completion",
+            (_, true) => "chat.completion.chunk",
         }
     }
 
@@ -83,13 +83,13 @@ impl Reply {
             (Endpoint::Completions, _) => {
                 json!({"index": index, "text": text, "logprobs": null, "finish_reason": finish})
             }
-            (Endpoint::ChatCompletions, false) => json!({
+            (_, false) => json!({
                 "index": index,
                 "message": {"role": "assistant", "content": text},
                 "logprobs": null,
                 "finish_reason": finish,
             }),
-            (Endpoint::ChatCompletions, true) => {
+            (_, true) => {
                 let delta = match (first, finish.is_some()) {
                     (_, true) => json!({}),
                     (true, false) => json!({"role": "assistant", "content": text}),
@@ -135,22 +135,13 @@ where
 async fn collect_one(
     reply: &Reply,
     index: usize,
-    mut rx: mpsc::Receiver<Chunk>,
+    rx: mpsc::Receiver<Chunk>,
 ) -> Result<(Value, Usage), ApiError> {
-    let mut text = String::new();
-    while let Some(c) = rx.recv().await {
-        match c {
-            Chunk::Text(t) => text.push_str(&t),
-            Chunk::Failed(e) => return Err(ApiError::internal(e)),
-            Chunk::Done(reason, usage) => {
-                return Ok((
-                    reply.choice(index, &text, Some(reason), false, false),
-                    usage,
-                ));
-            }
-        }
-    }
-    Err(ApiError::internal("generation ended without a result"))
+    let w = crate::answer::whole(rx).await?;
+    Ok((
+        reply.choice(index, &w.text, Some(w.finish), false, false),
+        w.usage,
+    ))
 }
 
 /// The answer as server-sent events, ending with `[DONE]`; each prompt's usage rides on its

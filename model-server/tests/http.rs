@@ -185,6 +185,96 @@ async fn chat_and_streaming() {
     s.shutdown().await;
 }
 
+/// The Responses API and Anthropic-style messages render the same chat as chat completions
+/// (so they share its cached blocks), in their own answer shapes, whole and streamed.
+#[tokio::test]
+async fn responses_and_messages_share_the_chats_cache() {
+    let s = start(&[]).await;
+    let system = format!("{RUNBOOK}{RUNBOOK}");
+    let question = "The checkout API returns 502s. What first?";
+    let chat = json!({"messages": [
+        {"role": "system", "content": system}, {"role": "user", "content": question},
+    ], "max_tokens": 5});
+    assert_eq!(s.cached("/v1/chat/completions", &chat).await, 0);
+    let chat_tokens = s.token_count(&chat).await as u64;
+
+    let resp = json!({"instructions": system, "input": question, "max_output_tokens": 5});
+    let (st, v, _) = s.post("/v1/responses", &resp).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        (v["object"].as_str(), v["status"].as_str()),
+        (Some("response"), Some("incomplete"))
+    );
+    assert_eq!(v["incomplete_details"]["reason"], "max_output_tokens");
+    assert_eq!(v["output"][0]["content"][0]["type"], "output_text");
+    assert!(v["output"][0]["content"][0]["text"]
+        .as_str()
+        .unwrap()
+        .starts_with("[simulated]"));
+    assert_eq!(v["usage"]["input_tokens"], chat_tokens);
+    assert!(
+        v["usage"]["input_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            >= 256
+    );
+
+    let msgs = json!({"model": "SmolLM2-135M-Instruct", "max_tokens": 5, "system": system,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": question}]}]});
+    let (st, v, _) = s.post("/v1/messages", &msgs).await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        (v["type"].as_str(), v["stop_reason"].as_str()),
+        (Some("message"), Some("max_tokens"))
+    );
+    assert_eq!(v["content"][0]["type"], "text");
+    assert_eq!(v["usage"]["input_tokens"], chat_tokens);
+    assert!(v["usage"]["cache_read_input_tokens"].as_u64().unwrap() >= 256);
+
+    // streamed: each API's event sequence
+    for (path, mut body, first, last) in [
+        (
+            "/v1/responses",
+            resp,
+            "response.created",
+            "response.completed",
+        ),
+        ("/v1/messages", msgs, "message_start", "message_stop"),
+    ] {
+        body["stream"] = json!(true);
+        let r = s.http.post(s.url(path)).json(&body).send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        let events = common::sse_events(r).await;
+        assert_eq!(events.first().unwrap().0, first, "{events:?}");
+        assert_eq!(events.last().unwrap().0, last, "{events:?}");
+        let deltas = events
+            .iter()
+            .filter(|(e, _)| e == "response.output_text.delta" || e == "content_block_delta")
+            .count();
+        assert_eq!(deltas, 5, "{path}: one per token");
+    }
+
+    // what vLLM refuses, refused alike; a continued response is not stored here
+    let (st, v, _) = s
+        .post("/v1/messages", &json!({"model": "m", "messages": []}))
+        .await;
+    assert_eq!(
+        (st, v["error"]["param"].as_str()),
+        (400, Some("max_tokens"))
+    );
+    let (st, v, _) = s
+        .post(
+            "/v1/responses",
+            &json!({"input": "x", "previous_response_id": "resp_9"}),
+        )
+        .await;
+    assert_eq!(
+        (st, v["error"]["param"].as_str()),
+        (404, Some("response_id"))
+    );
+    s.shutdown().await;
+}
+
 /// A batch of prompts is answered as vLLM answers it: one choice per prompt, in order, usage
 /// summed; streamed, each chunk's choice carries its prompt's index.
 #[tokio::test]

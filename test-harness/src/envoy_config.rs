@@ -80,9 +80,10 @@ pub struct EnvoySettings {
     pub env: Vec<(String, String)>,
     /// TLS (or mTLS) to the pods, for requests and the filter's polls alike.
     pub pod_tls: Option<PodTls>,
-    /// Paths routed to the pods besides the OpenAI API's completions, chat and models (e.g.
-    /// `/v1/responses` where the pods serve it); everything else is 404 at Envoy.
-    pub extra_api_paths: Vec<String>,
+    /// Paths routed to the pods besides the built-in ones ([`api_paths`]), each with the
+    /// body kind the filter reads it as (`completions`, `chat`, `responses`, `messages`,
+    /// `balanced`; none: passed to the pods unread); everything else is 404 at Envoy.
+    pub extra_api_paths: Vec<(String, Option<String>)>,
 }
 
 /// TLS to the pods: the CA their certificates are checked against, the name they must carry
@@ -126,34 +127,30 @@ impl Default for Limits {
     }
 }
 
-/// The OpenAI inference paths every pool serves: routed to the pods.
-pub const API_PATHS: [&str; 3] = ["/v1/completions", "/v1/chat/completions", "/v1/models"];
+/// The inference paths routed to the pods: the prefix endpoints (completions, chat,
+/// Responses, Anthropic-style messages), the model list, and the balanced ones (embeddings,
+/// pooling, scoring).
+pub fn api_paths() -> Vec<&'static str> {
+    use prefix_core::request::{Endpoint, BALANCED_PATHS};
+    Endpoint::ALL
+        .iter()
+        .map(|e| e.path())
+        .chain(["/v1/models"])
+        .chain(BALANCED_PATHS)
+        .collect()
+}
 
 /// Envoy's answer to any other path (the pods' metrics, events and tokenize endpoints
 /// included): an OpenAI-style error.
 const NOT_FOUND_BODY: &str = r#"{"error":{"message":"not found: only the inference API is served here","type":"invalid_request_error","param":null,"code":"not_found"}}"#;
 
-/// One regular expression matching exactly these paths (query strings are not part of the
-/// path Envoy matches).
-fn paths_regex(extra: &[String]) -> String {
-    let alts: Vec<String> = API_PATHS
-        .iter()
-        .map(|p| (*p).to_owned())
-        .chain(extra.iter().cloned())
-        .map(|p| regex_escape(&p))
-        .collect();
-    format!("^({})$", alts.join("|"))
-}
-
-fn regex_escape(s: &str) -> String {
-    s.chars()
-        .flat_map(|c| {
-            let special = "\\.+*?()|[]{}^$".contains(c);
-            special
-                .then_some('\\')
-                .into_iter()
-                .chain(std::iter::once(c))
-        })
+/// Every path routed to the pods, the built-in ones first (each an exact match: Envoy
+/// matches paths without their query string).
+fn all_api_paths(extra: &[(String, Option<String>)]) -> Vec<String> {
+    api_paths()
+        .into_iter()
+        .map(str::to_owned)
+        .chain(extra.iter().map(|(p, _)| p.clone()))
         .collect()
 }
 
@@ -253,6 +250,14 @@ impl EnvoySettings {
         });
         if let (Some(env), Some(obj)) = (&self.pod_api_key_env, shared.as_object_mut()) {
             obj.insert("pod_credentials".into(), json!({ "value_from_env": env }));
+        }
+        let read: serde_json::Map<String, serde_json::Value> = self
+            .extra_api_paths
+            .iter()
+            .filter_map(|(p, k)| Some((p.clone(), json!(k.as_ref()?))))
+            .collect();
+        if let (false, Some(obj)) = (read.is_empty(), shared.as_object_mut()) {
+            obj.insert("inference_paths".into(), serde_json::Value::Object(read));
         }
         let several = pools.len() > 1;
         let mut entries: Vec<serde_json::Value> =
@@ -451,9 +456,13 @@ pub fn render(settings: &EnvoySettings, template_dir: &Path) -> anyhow::Result<S
             );
         }
     }
-    for p in &settings.extra_api_paths {
-        if !p.starts_with('/') || p.contains(['?', '#', ' ']) {
+    for (p, kind) in &settings.extra_api_paths {
+        if !prefix_core::request::PathKind::valid_path(p) {
             anyhow::bail!("inference path '{p}' must be a path starting with '/'");
+        }
+        if let Some(k) = kind {
+            prefix_core::request::PathKind::try_from(k.clone())
+                .map_err(|e| anyhow::anyhow!("inference path '{p}': {e}"))?;
         }
     }
     if settings.wasm.is_some() {
@@ -534,7 +543,7 @@ pub fn render_unchecked(settings: &EnvoySettings, template_dir: &Path) -> anyhow
         "request_timeout": settings.limits.request_timeout,
         "max_connections": settings.limits.max_connections,
         "max_heap_bytes": settings.limits.max_heap_bytes,
-        "api_paths_regex": paths_regex(&settings.extra_api_paths),
+        "api_paths": all_api_paths(&settings.extra_api_paths),
         "not_found_body": NOT_FOUND_BODY,
         "pod_tls": settings.pod_tls.as_ref().map(|t| json!({
             "ca": t.ca.display().to_string(),

@@ -158,3 +158,17 @@ pub async fn sse_data(r: reqwest::Response) -> Vec<String> {
         .collect()
         .await
 }
+
+/// Every server-sent event of a streamed response as (event name, data), in order.
+pub async fn sse_events(r: reqwest::Response) -> Vec<(String, String)> {
+    use eventsource_stream::Eventsource;
+    use futures::StreamExt;
+    r.bytes_stream()
+        .eventsource()
+        .map(|e| {
+            let e = e.unwrap();
+            (e.event, e.data)
+        })
+        .collect()
+        .await
+}

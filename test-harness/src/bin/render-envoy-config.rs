@@ -135,9 +135,11 @@ struct Args {
     /// The client certificate's private key (PEM).
     #[arg(long, requires = "pod_tls_cert")]
     pod_tls_key: Option<PathBuf>,
-    /// Another path routed to the pods besides /v1/completions, /v1/chat/completions and
-    /// /v1/models (e.g. /v1/responses where the pods serve it); repeatable. Every other path
-    /// is 404 at Envoy: the pods' metrics, cache events and tokenize endpoints are not public.
+    /// Another path routed to the pods besides the built-in ones (completions, chat,
+    /// responses, messages, models, embeddings, pooling, scoring), as PATH or PATH=KIND where
+    /// KIND is the body the filter reads it as: completions, chat, responses, messages
+    /// (routed by prefix) or balanced (only its model read); repeatable. Every other path is
+    /// 404 at Envoy: the pods' metrics, cache events and tokenize endpoints are not public.
     #[arg(long = "inference-path")]
     inference_paths: Vec<String>,
     /// Longest answer, streamed ones included (Envoy duration; 0s, the default: no limit, so
@@ -209,7 +211,14 @@ fn main() -> anyhow::Result<()> {
         );
     }
     s.assets_port = a.assets_port;
-    s.extra_api_paths = a.inference_paths;
+    s.extra_api_paths = a
+        .inference_paths
+        .into_iter()
+        .map(|p| match p.split_once('=') {
+            Some((path, kind)) => (path.to_owned(), Some(kind.to_owned())),
+            None => (p, None),
+        })
+        .collect();
     s.pod_api_key_env = a.pod_api_key_env;
     s.pod_tls = a.pod_tls_ca.map(|ca| PodTls {
         ca,

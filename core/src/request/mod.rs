@@ -1,8 +1,17 @@
-//! Parsing and validating OpenAI completions / chat-completions request bodies.
+//! Parsing and validating inference request bodies: OpenAI completions and chat completions
+//! here, the Responses API ([`responses`]) and Anthropic-style messages ([`messages`]) turned
+//! into the chat messages vLLM renders for them.
 //!
 //! The filter and the server both call [`parse_request`], so a body that the server would
 //! reject is rejected by the filter with the very same status and message, and a body both
 //! accept yields the same prompt.
+
+mod messages;
+mod paths;
+mod responses;
+mod tools;
+
+pub use paths::{PathKind, BALANCED_PATHS};
 
 use crate::error::ApiError;
 use serde_json::{Map, Value};
@@ -13,16 +22,58 @@ use std::mem::take;
 pub enum Endpoint {
     Completions,
     ChatCompletions,
+    /// OpenAI's Responses API (`input`, `instructions`), rendered as a chat.
+    Responses,
+    /// Anthropic-style messages (`system`, content blocks), rendered as a chat.
+    Messages,
 }
 
 impl Endpoint {
+    /// Every endpoint, in the order of [`Endpoint::path`].
+    pub const ALL: [Endpoint; 4] = [
+        Endpoint::Completions,
+        Endpoint::ChatCompletions,
+        Endpoint::Responses,
+        Endpoint::Messages,
+    ];
+
     /// The endpoint served at `path` (query string ignored), if it is one we route by prefix.
     pub fn from_path(path: &str) -> Option<Self> {
         let path = path.split('?').next().unwrap_or(path);
-        match path {
-            "/v1/completions" => Some(Endpoint::Completions),
-            "/v1/chat/completions" => Some(Endpoint::ChatCompletions),
-            _ => None,
+        Endpoint::ALL.into_iter().find(|e| e.path() == path)
+    }
+
+    /// Where the servers serve it.
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::Completions => "/v1/completions",
+            Endpoint::ChatCompletions => "/v1/chat/completions",
+            Endpoint::Responses => "/v1/responses",
+            Endpoint::Messages => "/v1/messages",
+        }
+    }
+
+    /// The name a body kind has in configuration (`inference_paths`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Endpoint::Completions => "completions",
+            Endpoint::ChatCompletions => "chat",
+            Endpoint::Responses => "responses",
+            Endpoint::Messages => "messages",
+        }
+    }
+
+    /// The endpoint configured as `name`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Endpoint::ALL.into_iter().find(|e| e.name() == name)
+    }
+
+    /// The body field holding the prompt, named in errors about it.
+    pub fn prompt_field(self) -> &'static str {
+        match self {
+            Endpoint::Completions => "prompt",
+            Endpoint::ChatCompletions | Endpoint::Messages => "messages",
+            Endpoint::Responses => "input",
         }
     }
 }
@@ -81,6 +132,10 @@ pub struct ChatOptions {
     pub continue_final_message: bool,
     /// `chat_template_kwargs`: extra template variables (e.g. `enable_thinking`).
     pub kwargs: Map<String, Value>,
+    /// Anthropic-style messages: system messages after the first are merged into the leading
+    /// one when the template allows a system message only first (as vLLM does);
+    /// `Some(true)` when the first message is the request's top-level `system`.
+    pub merge_inline_system: Option<bool>,
 }
 
 /// The fields of a request that routing and serving need.
@@ -96,6 +151,9 @@ pub struct InferenceRequest {
     /// lands where it was computed.
     pub media: Vec<String>,
     pub cache_salt: Option<String>,
+    /// Responses API: the stored response this one continues. Its history is on the pod
+    /// that stored it, not in this request.
+    pub previous_response: Option<String>,
     pub stream: bool,
     pub max_tokens: Option<u32>,
     pub temperature: Option<f64>,
@@ -137,6 +195,15 @@ pub fn parse_request(endpoint: Endpoint, body: &[u8]) -> Result<InferenceRequest
             PromptInput::Chat(parse_messages(&mut obj, &mut media)?),
             parse_chat_options(&obj)?,
         ),
+        Endpoint::Responses => responses::parse(&mut obj, &mut media)?,
+        Endpoint::Messages => messages::parse(&mut obj, &mut media)?,
+    };
+    let (max_tokens_keys, stop_key): (&[&str], _) = match endpoint {
+        Endpoint::Completions | Endpoint::ChatCompletions => {
+            (&["max_completion_tokens", "max_tokens"], "stop")
+        }
+        Endpoint::Responses => (&["max_output_tokens"], "stop"),
+        Endpoint::Messages => (&["max_tokens"], "stop_sequences"),
     };
 
     Ok(InferenceRequest {
@@ -146,12 +213,16 @@ pub fn parse_request(endpoint: Endpoint, body: &[u8]) -> Result<InferenceRequest
         chat,
         media,
         cache_salt: opt_string(&obj, "cache_salt")?,
+        previous_response: match endpoint {
+            Endpoint::Responses => opt_string(&obj, "previous_response_id")?,
+            _ => None,
+        },
         stream: opt_bool(&obj, "stream")?.unwrap_or(false),
-        max_tokens: parse_max_tokens(&obj)?,
+        max_tokens: parse_max_tokens(&obj, max_tokens_keys)?,
         temperature: opt_number(&obj, "temperature", 0.0, 2.0)?,
         top_p: opt_number(&obj, "top_p", 0.0, 1.0)?,
         seed: opt_u64(&obj, "seed")?,
-        stop: parse_stop(&obj)?,
+        stop: parse_stop(&obj, stop_key)?,
     })
 }
 
@@ -226,7 +297,7 @@ fn parse_chat_options(obj: &Map<String, Value>) -> Result<ChatOptions, ApiError>
     }
     let tools = match obj.get("tools") {
         None | Some(Value::Null) => None,
-        Some(v @ Value::Array(_)) => Some(v.clone()),
+        Some(Value::Array(list)) => Some(Value::Array(list.iter().map(tools::chat_tool).collect())),
         Some(_) => {
             return Err(ApiError::invalid("'tools' must be an array", Some("tools")));
         }
@@ -246,6 +317,7 @@ fn parse_chat_options(obj: &Map<String, Value>) -> Result<ChatOptions, ApiError>
         add_generation_prompt,
         continue_final_message,
         kwargs,
+        merge_inline_system: None,
     })
 }
 
@@ -269,7 +341,7 @@ fn parse_messages(
             Some("messages"),
         ));
     }
-    items
+    let messages = items
         .iter_mut()
         .enumerate()
         .map(|(i, item)| {
@@ -288,19 +360,34 @@ fn parse_messages(
                     ))
                 }
             };
-            let mut msg = take(msg);
-            if let Some(content) = msg.get_mut("content") {
-                *content = flatten_content(take(content), media).ok_or_else(|| {
-                    ApiError::invalid(
-                        format!("'messages[{i}].content' must be a string, null, or an array of content parts (objects with a 'type')"),
-                        Some(&format!("messages[{i}].content")),
-                    )
-                })?;
-            }
-            Ok(ChatMessage(msg))
+            Ok(ChatMessage(take(msg)))
         })
-        .collect()
+        .collect::<Result<Vec<_>, _>>()?;
+    flatten_messages(messages, media, "messages")
 }
+
+/// Every message's content as the template gets it ([`flatten_content`]); `field` names the
+/// request's list in errors.
+fn flatten_messages(
+    mut messages: Vec<ChatMessage>,
+    media: &mut Vec<String>,
+    field: &str,
+) -> Result<Vec<ChatMessage>, ApiError> {
+    for (i, msg) in messages.iter_mut().enumerate() {
+        if let Some(content) = msg.0.get_mut("content") {
+            *content = flatten_content(take(content), media).ok_or_else(|| {
+                ApiError::invalid(
+                    format!("'{field}[{i}].content' must be a string, null, or an array of content parts (objects with a 'type')"),
+                    Some(&format!("{field}[{i}].content")),
+                )
+            })?;
+        }
+    }
+    Ok(messages)
+}
+
+/// Content part types that are text (the Responses API's too).
+const TEXT_PARTS: [&str; 3] = ["text", "input_text", "output_text"];
 
 /// A message's content as the template gets it: a string or null as sent; an array of
 /// content parts becomes its text parts joined with "\n" (vLLM's string content format),
@@ -312,8 +399,10 @@ fn flatten_content(v: Value, media: &mut Vec<String>) -> Option<Value> {
             let mut texts = Vec::new();
             for part in parts {
                 match (part.get("type").and_then(Value::as_str), part.get("text")) {
-                    (Some("text"), Some(Value::String(t))) => texts.push(t.as_str()),
-                    (Some("text"), _) => return None,
+                    (Some(k), Some(Value::String(t))) if TEXT_PARTS.contains(&k) => {
+                        texts.push(t.as_str())
+                    }
+                    (Some(k), _) if TEXT_PARTS.contains(&k) => return None,
                     (Some(_), _) => media.push(part.to_string()),
                     (None, _) => return None,
                 }
@@ -373,12 +462,11 @@ fn opt_number(
     }
 }
 
-fn parse_max_tokens(obj: &Map<String, Value>) -> Result<Option<u32>, ApiError> {
-    // chat clients send `max_completion_tokens` nowadays; accept either
-    let key = if obj.contains_key("max_completion_tokens") {
-        "max_completion_tokens"
-    } else {
-        "max_tokens"
+/// The first of `keys` the body has (chat clients send `max_completion_tokens` nowadays,
+/// older ones `max_tokens`; the Responses API `max_output_tokens`).
+fn parse_max_tokens(obj: &Map<String, Value>, keys: &[&str]) -> Result<Option<u32>, ApiError> {
+    let Some(key) = keys.iter().copied().find(|k| obj.contains_key(*k)) else {
+        return Ok(None);
     };
     match obj.get(key) {
         None | Some(Value::Null) => Ok(None),
@@ -392,24 +480,17 @@ fn parse_max_tokens(obj: &Map<String, Value>) -> Result<Option<u32>, ApiError> {
     }
 }
 
-fn parse_stop(obj: &Map<String, Value>) -> Result<Vec<String>, ApiError> {
-    match obj.get("stop") {
+fn parse_stop(obj: &Map<String, Value>, key: &str) -> Result<Vec<String>, ApiError> {
+    let message = format!("'{key}' must be a string or an array of strings");
+    match obj.get(key) {
         None | Some(Value::Null) => Ok(Vec::new()),
         Some(Value::String(s)) => Ok(vec![s.clone()]),
         Some(Value::Array(items)) => items
             .iter()
             .map(|v| v.as_str().map(str::to_owned))
             .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| {
-                ApiError::invalid(
-                    "'stop' must be a string or an array of strings",
-                    Some("stop"),
-                )
-            }),
-        Some(_) => Err(ApiError::invalid(
-            "'stop' must be a string or an array of strings",
-            Some("stop"),
-        )),
+            .ok_or_else(|| ApiError::invalid(message, Some(key))),
+        Some(_) => Err(ApiError::invalid(message, Some(key))),
     }
 }
 
