@@ -7,7 +7,8 @@
 //! - Precise ownership from vLLM's events: a pod whose small cache evicts a prompt stops being
 //!   its owner; a second Envoy that never routed a prompt places it from the events alone;
 //!   a sidecar that missed messages recovers them through vLLM's replay socket.
-//! - The filter's tokens equal vLLM's own `/tokenize` for completions and chats.
+//! - The filter's tokens equal vLLM's own `/tokenize` for completions and chats, and its
+//!   counts vLLM's for Responses and Anthropic-style requests.
 //!
 //! vLLM starts in about 30 s alone and 100 s for three at once on two cores, so each test
 //! does several things with one fleet, and the tests of this file run one at a time
@@ -379,4 +380,70 @@ fn the_filters_tokens_equal_vllms_own() {
             .collect();
         assert_eq!(ours, theirs, "{body}");
     }
+    // the Responses API and Anthropic-style messages: vLLM's own count of the prompt it
+    // rendered for them (their paths have no /tokenize)
+    for (endpoint, path, body) in other_api_corpus() {
+        let req = parse_request(endpoint, body.to_string().as_bytes()).unwrap();
+        let ours = bundle.prepare(&req).unwrap().tokens.len();
+        let theirs: Value = client()
+            .post(format!("http://{}{path}", f.pods[0].addr))
+            .json(&body)
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        let counted = theirs["usage"]["input_tokens"]
+            .as_u64()
+            .or(theirs["input_tokens"].as_u64())
+            .unwrap_or_else(|| panic!("vLLM {path}: {theirs}"));
+        assert_eq!(ours as u64, counted, "{path}: {body}");
+    }
+}
+
+/// Responses and Anthropic-style requests, with the vLLM path that counts their prompt.
+fn other_api_corpus() -> Vec<(Endpoint, &'static str, Value)> {
+    let m = MODEL_NAME;
+    let responses = "/v1/responses";
+    let count = "/v1/messages/count_tokens";
+    vec![
+        (
+            Endpoint::Responses,
+            responses,
+            json!({"model": m, "instructions": RUNBOOK, "input": "Step one?", "max_output_tokens": 1}),
+        ),
+        (
+            Endpoint::Responses,
+            responses,
+            json!({"model": m, "max_output_tokens": 1, "input": [
+                {"role": "user", "content": [{"type": "input_text", "text": "Part one."},
+                    {"type": "input_text", "text": "Part two."}]},
+                {"type": "message", "role": "assistant", "id": "m1", "status": "completed",
+                    "content": [{"type": "output_text", "text": "Noted.", "annotations": []}]},
+                {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+                {"role": "user", "content": "Step two? 🚀 東京"}]}),
+        ),
+        (
+            Endpoint::Messages,
+            count,
+            json!({"model": m, "max_tokens": 1,
+            "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=1"},
+                {"type": "text", "text": RUNBOOK}],
+            "messages": [{"role": "user", "content": "Step one?"},
+                {"role": "assistant", "content": [{"type": "text", "text": "Check the dashboards."}]},
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}),
+        ),
+        (
+            Endpoint::Messages,
+            count,
+            // `none`: vLLM refuses `auto` without a tool-call parser
+            json!({"model": m, "max_tokens": 1, "tool_choice": {"type": "none"},
+            "tools": [{"name": "weather", "description": "Current weather", "input_schema":
+                {"type": "object", "properties": {"city": {"type": "string"}}}}],
+            "messages": [{"role": "user", "content": "Weather in Zürich?"},
+                {"role": "assistant", "content": [{"type": "text", "text": "Checking."},
+                    {"type": "tool_use", "id": "t1", "name": "weather", "input": {"city": "Zürich"}}]},
+                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "sunny"}]}]}),
+        ),
+    ]
 }
