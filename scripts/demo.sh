@@ -38,8 +38,8 @@ case "$BACKEND" in
   *) SETUP_LLAMA_CPP=0 SETUP_PEERS=0 SETUP_VLLM=0 scripts/setup.sh >/dev/null ;;
 esac
 echo "building (cached after the first run)..."
-cargo build -q -p model-server -p test-harness -p kv-events --bins
-scripts/build-filter.sh >/dev/null
+cargo build -q -p model-server -p prefix-router-config -p kv-events --bins
+WASM="$ROOT/$(scripts/build-filter.sh)"
 
 RUN=$(mktemp -d /tmp/prefix-router-demo.XXXXXX)
 PIDS=()
@@ -197,7 +197,7 @@ start_envoy() {
                --events-addresses "$(IFS=,; echo "${SIDECARS[*]}")")
   fi
   "$ROOT/target/debug/render-envoy-config" --pods "$(IFS=,; echo "${PODS[*]}")" \
-    --listen-port "$ENVOY_PORT" --admin-port "$ADMIN_PORT" --debug-headers "${vllm_args[@]}" \
+    --listen-port "$ENVOY_PORT" --admin-port "$ADMIN_PORT" --wasm "$WASM" --debug-headers "${vllm_args[@]}" \
     -o "$RUN/envoy.yaml"
   # validated once: a start again differs only in its ports
   [ -e "$RUN/envoy-validate.log" ] || "$ROOT/.venv/bin/envoy" --mode validate --disable-hot-restart \

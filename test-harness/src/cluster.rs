@@ -390,10 +390,7 @@ fn launch_envoy(
             settings.listen_port = free_port()?;
             settings.admin_port = free_port()?;
         }
-        std::fs::write(
-            &config_path,
-            render(&settings, &paths::envoy_template_dir())?,
-        )?;
+        std::fs::write(&config_path, render(&settings)?)?;
         // validated once: a retry differs only in its ports
         if validate && !again {
             validate_config(&config_path)?;

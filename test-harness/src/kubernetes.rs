@@ -1,5 +1,5 @@
 //! The Kubernetes manifests in `deploy/kubernetes/`: the parts that are generated from a
-//! source kept elsewhere (the Envoy configurations from `envoy/envoy.yaml.j2`, the Prometheus
+//! source kept elsewhere (the Envoy configurations from `config-tool/envoy.yaml.j2`, the Prometheus
 //! rules and the Grafana dashboard from `deploy/observability/`), and reading a kustomization
 //! back as the documents it applies, for the offline checks in `tests/kubernetes.rs`.
 //!
@@ -37,32 +37,7 @@ pub fn manifests_dir() -> PathBuf {
     paths::repo_root().join("deploy/kubernetes")
 }
 
-/// A ConfigMap holding one file.
-pub fn configmap(
-    name: &str,
-    namespace: Option<&str>,
-    labels: &[(&str, &str)],
-    key: &str,
-    content: &str,
-    source: &str,
-) -> anyhow::Result<String> {
-    let mut meta = json!({"name": name});
-    if let Some(ns) = namespace {
-        meta["namespace"] = json!(ns);
-    }
-    let mut l = serde_json::Map::new();
-    l.insert("app.kubernetes.io/part-of".into(), json!("prefix-router"));
-    for (k, v) in labels {
-        l.insert((*k).into(), json!(v));
-    }
-    meta["labels"] = Value::Object(l);
-    let doc = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta,
-                     "data": {key: content}});
-    Ok(format!(
-        "# Rendered from {source}: do not edit by hand.\n{}",
-        serde_norway::to_string(&doc)?
-    ))
-}
+pub use prefix_router_config::configmap::configmap;
 
 /// The Envoy settings of a fleet's overlay: its headless Service by DNS, listeners on the
 /// pod's address, the stats listener for Prometheus and the readiness probe.
@@ -96,7 +71,7 @@ pub fn generated() -> anyhow::Result<Vec<(PathBuf, String)>> {
                 .extra
                 .insert("events".into(), json!({ "port": EVENTS_PORT }));
         }
-        let yaml = render(&settings, &paths::envoy_template_dir())?;
+        let yaml = render(&settings)?;
         out.push((
             PathBuf::from(format!("deploy/kubernetes/{dir}/envoy-config.yaml")),
             configmap(
@@ -105,7 +80,7 @@ pub fn generated() -> anyhow::Result<Vec<(PathBuf, String)>> {
                 &[],
                 "envoy.yaml",
                 &yaml,
-                "envoy/envoy.yaml.j2 by render-kubernetes",
+                "config-tool/envoy.yaml.j2 by render-kubernetes",
             )?,
         ));
     }

@@ -8,8 +8,8 @@
 //!
 //! - [`paths`]: where the binaries, the filter and the templates are (environment overrides).
 //! - [`process`]: child processes that are always cleaned up, free ports, readiness polling.
-//! - [`envoy_config`]: the Envoy configuration rendered from `envoy/envoy.yaml.j2`
-//!   (also the `render-envoy-config` binary).
+//! - [`envoy_config`]: the Envoy configuration (the `prefix-router-config` crate's, which
+//!   is also the `render-envoy-config` binary).
 //! - [`cluster`]: starting pods (this project's server, [`llama`]: llama.cpp's, or [`vllm`]:
 //!   vLLM with its `kv-events` sidecar) and Envoys.
 //! - [`fleet`]: a running fleet (pods + Envoy) and the answers sent through it.
@@ -21,7 +21,7 @@
 //! - [`kubernetes`]: the generated parts of `deploy/kubernetes` and reading them back.
 
 pub mod cluster;
-pub mod envoy_config;
+pub use prefix_router_config::envoy as envoy_config;
 pub mod fleet;
 pub mod hostile;
 pub mod kubernetes;

@@ -48,11 +48,6 @@ pub fn kubernetes_validate_bin() -> PathBuf {
         .unwrap_or_else(|| repo_root().join(".venv/bin/kubernetes-validate"))
 }
 
-/// The templates in `envoy/`.
-pub fn envoy_template_dir() -> PathBuf {
-    repo_root().join("envoy")
-}
-
 /// llama.cpp's `llama-server`: `LLAMA_SERVER_BIN` overrides; otherwise the path
 /// `scripts/build-llama-server.sh` prints (it builds the binary into a cache outside the clone
 /// the first time, and only prints the path after that), asked once per process.

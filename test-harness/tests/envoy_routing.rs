@@ -385,12 +385,12 @@ fn bad_plugin_configuration_fails_envoy_load_naming_the_field() {
         Some(paths::wasm_path()),
     );
     s.table_capacity = 0;
-    let refused = render(&s, &paths::envoy_template_dir()).unwrap_err();
+    let refused = render(&s).unwrap_err();
     assert!(
         refused.to_string().contains("'table_capacity'"),
         "{refused}"
     );
-    let yaml = render_unchecked(&s, &paths::envoy_template_dir()).unwrap();
+    let yaml = render_unchecked(&s).unwrap();
     assert!(
         yaml.contains(r#"\"table_capacity\":0"#),
         "the bad value is in the config"

@@ -1,4 +1,5 @@
-//! `render-envoy-config`: writes an Envoy config for a list of pods (nobody edits ports by hand).
+//! `render-envoy-config`: writes an Envoy config for a list of pods (nobody edits ports by
+//! hand), from flags or a YAML file (`--config`, [`crate::file`]).
 //!
 //! `render-envoy-config --pods 127.0.0.1:8001,127.0.0.1:8002 --listen-port 10000 > envoy.yaml`
 //! `render-envoy-config --pods model-server.default.svc.cluster.local:8000` (a DNS name: a
@@ -6,28 +7,32 @@
 //! `render-envoy-config --eds-file /etc/envoy/eds/pods.yaml` (an EDS cluster fed from a file)
 //! `render-envoy-config --pods 127.0.0.1:8001 --add-model 'name=Qwen2.5-0.5B-Instruct
 //! pods=127.0.0.1:9001 tokenizer-dir=models/qwen'` (two models, each its own pool)
+//! `render-envoy-config --config gateway.yaml -o envoy.yaml` (everything in one file)
 
+use crate::envoy::{
+    all_addresses, configmap, render, EnvoySettings, ExtraModel, Limits, Membership, PodTls,
+};
+use crate::file::GatewayFile;
 use clap::Parser;
 use prefix_core::protocol::defaults;
 use prefix_core::router_config::{DEFAULT_POLL_INTERVAL_MS, DEFAULT_TABLE_CAPACITY};
-use std::net::SocketAddr;
 use std::path::PathBuf;
-use test_harness::envoy_config::{
-    configmap, render, EnvoySettings, ExtraModel, Limits, Membership, PodTls,
-};
-use test_harness::paths;
 
-#[derive(Parser)]
+#[derive(Parser, Clone)]
 #[command(
     version,
     about = "Writes the Envoy configuration for prefix-router in front of a list of pods: the \
              listener, the header scrubbing, the wasm filter with its plugin configuration \
              (validated exactly as the filter will), and the pod clusters."
 )]
-struct Args {
+pub struct Args {
+    /// The whole gateway in a YAML file (pools, weights, liveness, timeouts, TLS; see the
+    /// README's configuration section). Only --wasm, --out and --configmap apply with it.
+    #[arg(long, conflicts_with_all = ["pods", "eds_file", "add_model"])]
+    config: Option<PathBuf>,
     /// Pods as ip:port (a fixed list), or name:port (resolved by Envoy: STRICT_DNS, e.g. a
     /// Kubernetes headless Service), comma-separated.
-    #[arg(long, value_delimiter = ',', required_unless_present = "eds_file")]
+    #[arg(long, value_delimiter = ',', required_unless_present_any = ["eds_file", "config"])]
     pods: Vec<String>,
     /// Take the pods cluster's members from this EDS file instead (Envoy watches its
     /// directory; replace the file by renaming a new one over it).
@@ -50,7 +55,8 @@ struct Args {
     /// Port of Envoy's admin interface (on 127.0.0.1; /stats/prometheus has the filter's metrics).
     #[arg(long, default_value_t = 9901)]
     admin_port: u16,
-    /// The filter's .wasm (default: the release build).
+    /// The filter's .wasm (default: $PREFIX_ROUTER_WASM, else the install location
+    /// ~/.local/share/prefix-router/prefix_router_filter.wasm, else this checkout's build).
     #[arg(long)]
     wasm: Option<PathBuf>,
     /// Route for the model in this directory (`tokenizer.json`, optional
@@ -168,13 +174,42 @@ struct Args {
     out: Option<PathBuf>,
 }
 
-fn main() -> anyhow::Result<()> {
-    let a = Args::parse();
-    let wasm = (!a.no_filter).then(|| a.wasm.clone().unwrap_or_else(paths::wasm_path));
-    let membership = match (
-        &a.eds_file,
-        a.pods.iter().all(|p| p.parse::<SocketAddr>().is_ok()),
-    ) {
+/// Renders what the command line (or its `--config` file) describes, to `--out` or stdout.
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let env = |k: &str| std::env::var(k).ok();
+    let s = match &a.config {
+        Some(path) => {
+            let file = GatewayFile::read(path)?;
+            let wasm = match (file.no_filter(), a.wasm.clone().or(file.wasm())) {
+                (true, _) => None,
+                (false, Some(w)) => Some(w),
+                (false, None) => Some(crate::install::default_wasm(env)?),
+            };
+            file.settings(wasm)?
+        }
+        None => {
+            let wasm = match (a.no_filter, a.wasm.clone()) {
+                (true, _) => None,
+                (false, Some(w)) => Some(w),
+                (false, None) => Some(crate::install::default_wasm(env)?),
+            };
+            settings(a.clone(), wasm)?
+        }
+    };
+    let mut yaml = render(&s)?;
+    if let Some(name) = &a.configmap {
+        yaml = configmap(name, &yaml)?;
+    }
+    match &a.out {
+        Some(p) => std::fs::write(p, yaml)?,
+        None => print!("{yaml}"),
+    }
+    Ok(())
+}
+
+/// The settings the flags describe.
+fn settings(a: Args, wasm: Option<PathBuf>) -> anyhow::Result<EnvoySettings> {
+    let membership = match (&a.eds_file, all_addresses(&a.pods)) {
         (Some(path), _) => Membership::EdsFile(std::path::absolute(path)?),
         (None, true) => Membership::Static,
         (None, false) => Membership::Dns,
@@ -232,15 +267,7 @@ fn main() -> anyhow::Result<()> {
         max_connections: a.max_connections,
         max_heap_bytes: a.max_heap_bytes,
     };
-    let mut yaml = render(&s, &paths::envoy_template_dir())?;
-    if let Some(name) = &a.configmap {
-        yaml = configmap(name, &yaml)?;
-    }
-    match a.out {
-        Some(p) => std::fs::write(p, yaml)?,
-        None => print!("{yaml}"),
-    }
-    Ok(())
+    Ok(s)
 }
 
 /// `POD=SIDECAR`.

@@ -1,4 +1,5 @@
-//! Renders `envoy/envoy.yaml.j2` (minijinja) for a given set of pods and ports.
+//! Renders the Envoy configuration (the template `config-tool/envoy.yaml.j2`, built into the
+//! binary, rendered with minijinja) for a given set of pods and ports.
 
 use anyhow::Context;
 use prefix_core::plugin_config::PluginConfig;
@@ -436,12 +437,15 @@ fn template_file(dir: Option<&Path>, remote: bool) -> Option<PathBuf> {
 /// The cluster (and loopback listener) through which Envoy serves the tokenizer files.
 pub const ASSETS_CLUSTER: &str = "prefix_router_assets";
 
-/// The Envoy template's name in [`crate::paths::envoy_template_dir`].
+/// The Envoy template's name.
 pub const TEMPLATE: &str = "envoy.yaml.j2";
 
-/// Renders the config from the template in `template_dir`, after validating the plugin
-/// configuration exactly as the filter will (a bad value fails here, with the field named).
-pub fn render(settings: &EnvoySettings, template_dir: &Path) -> anyhow::Result<String> {
+/// The template, built in: the tool needs no checkout to run.
+const TEMPLATE_SOURCE: &str = include_str!("../envoy.yaml.j2");
+
+/// Renders the config, after validating the plugin configuration exactly as the filter will
+/// (a bad value fails here, with the field named).
+pub fn render(settings: &EnvoySettings) -> anyhow::Result<String> {
     settings.pools()?;
     let l = &settings.limits;
     for (field, d) in [
@@ -468,7 +472,7 @@ pub fn render(settings: &EnvoySettings, template_dir: &Path) -> anyhow::Result<S
     if settings.wasm.is_some() {
         PluginConfig::parse(settings.plugin_config().as_bytes())?;
     }
-    render_unchecked(settings, template_dir)
+    render_unchecked(settings)
 }
 
 /// A pod written as `host:port` for a cluster's endpoint (a DNS name with `Membership::Dns`).
@@ -495,10 +499,7 @@ fn endpoint(pod: &str, membership: &Membership) -> anyhow::Result<serde_json::Va
 
 /// Renders without validating the plugin configuration: only for proving that Envoy itself
 /// refuses a bad one.
-pub fn render_unchecked(settings: &EnvoySettings, template_dir: &Path) -> anyhow::Result<String> {
-    let path = template_dir.join(TEMPLATE);
-    let template =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+pub fn render_unchecked(settings: &EnvoySettings) -> anyhow::Result<String> {
     let plugin = settings.plugin_config();
     let (membership, eds_path, eds_dir) = match &settings.membership {
         Membership::Static => ("static", None, None),
@@ -534,7 +535,7 @@ pub fn render_unchecked(settings: &EnvoySettings, template_dir: &Path) -> anyhow
     }
     let mut env = minijinja::Environment::new();
     env.set_undefined_behavior(minijinja::UndefinedBehavior::Strict);
-    env.add_template(TEMPLATE, &template)?;
+    env.add_template(TEMPLATE, TEMPLATE_SOURCE)?;
     let yaml = env.get_template(TEMPLATE)?.render(json!({
         "admin_port": settings.admin_port,
         "stats_flush_interval": settings.stats_flush_interval,
@@ -603,12 +604,18 @@ pub fn write_eds(path: &Path, members: &[String]) -> anyhow::Result<()> {
 /// A Kubernetes ConfigMap named `name` holding `envoy_yaml` as its `envoy.yaml` key (what the
 /// Envoy Deployment mounts at `/etc/envoy`).
 pub fn configmap(name: &str, envoy_yaml: &str) -> anyhow::Result<String> {
-    crate::kubernetes::configmap(
+    crate::configmap::configmap(
         name,
         None,
         &[],
         "envoy.yaml",
         envoy_yaml,
-        "envoy/envoy.yaml.j2 by render-envoy-config",
+        "prefix-router's Envoy template by render-envoy-config",
     )
+}
+
+/// Whether every pod is written as `ip:port` (a fixed list) rather than `name:port`.
+pub fn all_addresses(pods: &[String]) -> bool {
+    pods.iter()
+        .all(|p| p.parse::<std::net::SocketAddr>().is_ok())
 }

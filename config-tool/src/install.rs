@@ -1,0 +1,73 @@
+//! Where the filter's .wasm is when the command line does not name it, so the installed tool
+//! works outside a checkout: `$PREFIX_ROUTER_WASM`; then the install location
+//! (`$XDG_DATA_HOME/prefix-router/`, by default `~/.local/share/prefix-router/`, where
+//! `scripts/install.sh` copies it); then the build of the checkout this tool was built in.
+
+use std::path::{Path, PathBuf};
+
+/// The filter's file name.
+pub const WASM_NAME: &str = "prefix_router_filter.wasm";
+
+/// The install location's directory for this environment (`None` without a home).
+pub fn data_dir(env: impl Fn(&str) -> Option<String>) -> Option<PathBuf> {
+    let base = match env("XDG_DATA_HOME").filter(|d| !d.is_empty()) {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(env("HOME")?).join(".local/share"),
+    };
+    Some(base.join("prefix-router"))
+}
+
+/// The .wasm to load: the first of the places above that holds one, or an error naming
+/// every place looked at.
+pub fn default_wasm(env: impl Fn(&str) -> Option<String>) -> anyhow::Result<PathBuf> {
+    let mut looked = Vec::new();
+    if let Some(p) = env("PREFIX_ROUTER_WASM").filter(|p| !p.is_empty()) {
+        return Ok(PathBuf::from(p));
+    }
+    looked.push("$PREFIX_ROUTER_WASM".to_owned());
+    let built = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/wasm32-wasip1/wasm")
+        .join(WASM_NAME);
+    for candidate in data_dir(&env)
+        .map(|d| d.join(WASM_NAME))
+        .into_iter()
+        .chain([built])
+    {
+        if candidate.is_file() {
+            return Ok(candidate.canonicalize().unwrap_or(candidate));
+        }
+        looked.push(candidate.display().to_string());
+    }
+    anyhow::bail!(
+        "no filter .wasm found (looked at {}); pass --wasm, or install it with scripts/install.sh",
+        looked.join(", ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_install_location_follows_xdg() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        assert_eq!(
+            data_dir(env(&[("HOME", "/home/u")])),
+            Some(PathBuf::from("/home/u/.local/share/prefix-router"))
+        );
+        assert_eq!(
+            data_dir(env(&[("HOME", "/home/u"), ("XDG_DATA_HOME", "/data")])),
+            Some(PathBuf::from("/data/prefix-router"))
+        );
+        assert_eq!(
+            default_wasm(env(&[("PREFIX_ROUTER_WASM", "/x.wasm")])).unwrap(),
+            PathBuf::from("/x.wasm")
+        );
+    }
+}

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs prefix-router's configuration tool and filter for use outside this checkout:
+#   render-envoy-config        -> $PREFIX/bin (default ~/.local/bin), by cargo install
+#   prefix_router_filter.wasm  -> ${XDG_DATA_HOME:-~/.local/share}/prefix-router/, where
+#                                 render-envoy-config looks when --wasm is not given
+# Then: render-envoy-config --config gateway.yaml -o envoy.yaml (anywhere).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PREFIX=${PREFIX:-$HOME/.local}
+DATA=${XDG_DATA_HOME:-$HOME/.local/share}/prefix-router
+# the checkout's target/ is reused, so a built tree installs in seconds
+cargo install --quiet --locked --path config-tool --root "$PREFIX" --target-dir target
+wasm=$(scripts/build-filter.sh)
+mkdir -p "$DATA"
+cp "$wasm" "$DATA/"
+echo "installed $PREFIX/bin/render-envoy-config and $DATA/$(basename "$wasm")"
