@@ -8,8 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PREFIX=${PREFIX:-$HOME/.local}
 DATA=${XDG_DATA_HOME:-$HOME/.local/share}/prefix-router
-# the checkout's target/ is reused, so a built tree installs in seconds
-cargo install --quiet --locked --path config-tool --root "$PREFIX" --target-dir target
+# the dev profile (optimised where it matters, no LTO: a renderer needs none) and the
+# checkout's target/, so a built tree installs in seconds
+cargo install --quiet --locked --debug --path config-tool --root "$PREFIX" --target-dir target
 wasm=$(scripts/build-filter.sh)
 mkdir -p "$DATA"
 cp "$wasm" "$DATA/"

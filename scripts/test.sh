@@ -19,7 +19,7 @@ echo "== prefix-core builds for wasm32"
 CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS='--cfg getrandom_backend="custom"' \
   cargo check -q -p prefix-core --target wasm32-unknown-unknown
 echo "== build binaries the real-process tests start (model-server, kv-events, wasm filter)"
-cargo build -q -p model-server -p kv-events --bins
+cargo build -q -p model-server -p kv-events -p prefix-router-config --bins
 scripts/build-filter.sh
 disk
 echo "== tests"
@@ -29,9 +29,16 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   cargo test --workspace --no-fail-fast || status=$?
 fi
-echo "== the demo scripts, as a user runs them (sim engine for speed; then llama.cpp and vLLM pods)"
+echo "== the demo scripts, as a user runs them (the README's first command; every scenario on the sim engine for speed; then llama.cpp and vLLM pods)"
+scripts/demo.sh >target/demo-seed.log 2>&1 || { status=1; tail -20 target/demo-seed.log; echo "demo failed (the README's first command)"; }
 ENGINE=sim scripts/demo.sh all >target/demo-model-server.log 2>&1 || { status=1; tail -20 target/demo-model-server.log; echo "demo failed (model-server pods)"; }
 BACKEND=llama-cpp scripts/demo.sh all >target/demo-llama-cpp.log 2>&1 || { status=1; tail -20 target/demo-llama-cpp.log; echo "demo failed (llama.cpp pods)"; }
 BACKEND=vllm scripts/demo.sh all >target/demo-vllm.log 2>&1 || { status=1; tail -20 target/demo-vllm.log; echo "demo failed (vLLM pods)"; }
+echo "== the README's install step, into target/ (the installed tool then renders from anywhere)"
+(
+  export PREFIX=$PWD/target/install XDG_DATA_HOME=$PWD/target/install/share
+  scripts/install.sh
+  cd /tmp && "$PREFIX/bin/render-envoy-config" --pods 127.0.0.1:8001 >/dev/null
+) >target/install.log 2>&1 || { status=1; cat target/install.log; echo "install step failed"; }
 disk
 exit "$status"

@@ -19,6 +19,7 @@
 //! - [`prometheus`]: a real Prometheus scraping the fleet.
 //! - [`wire`]: reading answers back (Prometheus text, server-sent events).
 //! - [`kubernetes`]: the generated parts of `deploy/kubernetes` and reading them back.
+//! - [`readme`]: the README's command blocks, for the tests that run them as written.
 
 pub mod cluster;
 pub use prefix_router_config::envoy as envoy_config;
@@ -30,5 +31,6 @@ pub mod load;
 pub mod paths;
 pub mod process;
 pub mod prometheus;
+pub mod readme;
 pub mod vllm;
 pub mod wire;
