@@ -2,12 +2,15 @@
 //! `deploy/observability`, every expression executed against a real Prometheus scraping a
 //! real fleet (pods + Envoy with the filter, through Envoy's stats listener) after traffic; a
 //! query that answers nothing fails. A pod killed makes the pod-down alert fire. The stats
-//! listener serves metrics and readiness only.
+//! listener serves metrics and readiness only. The pods' panels are read with this project's
+//! pods, llama.cpp's and vLLM's.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use prefix_core::protocol::defaults::MODEL_NAME;
 use serde_json::{json, Value};
 use std::time::Duration;
+use test_harness::cluster::PodKind;
 use test_harness::fleet::{Fleet, ZERO_COST};
 use test_harness::paths;
 use test_harness::process::free_port;
@@ -271,27 +274,37 @@ fn a_filter_that_keeps_failing_fires_the_not_deciding_alert() {
 /// histogram) shows each pod, and the prefix-cache hit rate sees the repeated prompt.
 #[test]
 fn the_pod_panels_show_llama_cpp_pods() {
+    pod_panels_show_each_pod(
+        PodKind::LlamaCpp,
+        "llamacpp:prompt_tokens_total",
+        "llamacpp:",
+    );
+}
+
+/// The same with real vLLM pods (their own `vllm:*` series, labelled `model_name` and
+/// `engine`, no `pod`): every per-pod panel, time to first token included, shows each pod.
+#[test]
+fn the_pod_panels_show_vllm_pods() {
+    pod_panels_show_each_pod(PodKind::Vllm, "vllm:prompt_tokens_total", "vllm:");
+}
+
+/// Two pods of `kind` behind Envoy and a real Prometheus with the shipped rules: once
+/// `first` has a series per pod and a prompt was repeated, every dashboard query over the
+/// pods' series (`pod:*`, or the server's own names starting with `own`) shows each pod,
+/// and the hit-rate rule sees the repeat.
+fn pod_panels_show_each_pod(kind: PodKind, first: &str, own: &str) {
     let stats_port = free_port().unwrap();
-    let f = Fleet::start_of(
-        test_harness::cluster::PodKind::LlamaCpp,
-        "observability-llama",
-        2,
-        &[],
-        |s| s.stats_port = Some(stats_port),
-    )
-    .unwrap();
+    let name = format!("observability-{kind:?}").to_lowercase();
+    let f = Fleet::start_of(kind, &name, 2, &[], |s| s.stats_port = Some(stats_port)).unwrap();
     let rules = rules_firing_at_once(&f.dir);
     let prom =
         Prometheus::start_with_rules(&f.addrs(), Some(stats_port), Some(&rules), &f.dir).unwrap();
-    prom.wait_for(
-        "llamacpp:prompt_tokens_total",
-        Duration::from_secs(30),
-        |s| s.len() == 2,
-    )
-    .unwrap();
-    let long = json!({"prompt": format!("{LEAD}{LEAD}"), "max_tokens": 2});
+    prom.wait_for(first, Duration::from_secs(30), |s| s.len() == 2)
+        .unwrap();
+    let long = json!({"model": MODEL_NAME, "prompt": format!("{LEAD}{LEAD}"), "max_tokens": 2});
     for _ in 0..4 {
-        assert_eq!(f.send("/v1/completions", &long, &[]).status, 200);
+        let a = f.send("/v1/completions", &long, &[]);
+        assert_eq!(a.status, 200, "{}", a.body);
     }
     let dash: Value = serde_json::from_str(&observability("grafana-dashboard.json")).unwrap();
     let mut per_pod = 0;
@@ -299,7 +312,7 @@ fn the_pod_panels_show_llama_cpp_pods() {
         let title = panel["title"].as_str().unwrap();
         for t in panel["targets"].as_array().unwrap() {
             let expr = t["expr"].as_str().unwrap();
-            let pods_series = expr.starts_with("pod:") || expr.contains("llamacpp:");
+            let pods_series = expr.starts_with("pod:") || expr.contains(own);
             if !pods_series {
                 continue;
             }
