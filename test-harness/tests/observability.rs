@@ -90,6 +90,74 @@ fn rules_firing_at_once(dir: &std::path::Path) -> std::path::PathBuf {
     rules_file
 }
 
+/// Reads a dashboard with Grafana's own schema (the Foundation SDK's models, generated from
+/// it, for Grafana 10.1) and writes it back: a field the schema does not know is lost on the
+/// way, and its path printed.
+const SCHEMA_CHECK: &str = r#"
+import json, sys
+from grafana_foundation_sdk.cog.plugins import register_default_plugins
+from grafana_foundation_sdk.models.dashboard import Dashboard
+register_default_plugins()
+src = json.load(sys.stdin)
+def plain(o):
+    if hasattr(o, "to_json"): return o.to_json()
+    return o.value if hasattr(o, "value") else str(o)
+back = json.loads(json.dumps(Dashboard.from_json(src).to_json(), default=plain))
+lost = []
+def walk(a, b, path):
+    if isinstance(a, dict):
+        if not isinstance(b, dict): lost.append(path); return
+        for k, v in a.items():
+            if k in b: walk(v, b[k], f"{path}.{k}")
+            else: lost.append(f"{path}.{k}")
+    elif isinstance(a, list):
+        if not isinstance(b, list) or len(a) != len(b): lost.append(path); return
+        for i, (x, y) in enumerate(zip(a, b)): walk(x, y, f"{path}[{i}]")
+    elif a != b and not (isinstance(a, (int, float)) and isinstance(b, (int, float)) and a == b):
+        lost.append(f"{path}: {a!r} read as {b!r}")
+walk(src, back, "dashboard")
+print(json.dumps(lost))
+"#;
+
+/// The fields of `dashboard` that Grafana's schema does not know.
+fn unknown_to_grafana(dashboard: &Value) -> Vec<String> {
+    use std::io::Write;
+    let mut child = std::process::Command::new(paths::repo_root().join(".venv/bin/python"))
+        .args(["-c", SCHEMA_CHECK])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect(".venv/bin/python with grafana-foundation-sdk (scripts/setup.sh)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(dashboard.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "the schema check failed to run");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn the_dashboard_fits_grafanas_schema() {
+    let dash: Value = serde_json::from_str(&observability("grafana-dashboard.json")).unwrap();
+    assert_eq!(unknown_to_grafana(&dash), Vec::<String>::new());
+    // the check can fail: misspelt fields are found where they are
+    let mut bad = dash.clone();
+    let panel = bad["panels"][0].as_object_mut().unwrap();
+    let pos = panel.remove("gridPos").unwrap();
+    panel.insert("gridPosition".into(), pos);
+    bad["panels"][1]["targets"][0]["expression"] = json!("up");
+    assert_eq!(
+        unknown_to_grafana(&bad),
+        [
+            "dashboard.panels[0].gridPosition",
+            "dashboard.panels[1].targets[0].expression"
+        ]
+    );
+}
+
 #[test]
 fn alert_signals_are_the_left_operands() {
     assert_eq!(
