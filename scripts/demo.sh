@@ -216,7 +216,7 @@ cat >"$RUN/prometheus.yml" <<YAML
 global:
   scrape_interval: 1s
   evaluation_interval: 1s
-rule_files: ['$ROOT/deploy/observability/prometheus-rules.yml']
+rule_files: ['$ROOT/deploy/kubernetes/base/prometheus-rules.yml']
 scrape_configs:
 - job_name: pods
   honor_labels: true        # keep each pod's own pod="pod-N" label (model-server pods)
@@ -417,8 +417,8 @@ case "$MODE" in
 esac
 echo
 echo "== look for yourself: Prometheus http://127.0.0.1:$PROM_PORT/graph"
-echo "   (rules: deploy/observability/prometheus-rules.yml, loaded; Grafana dashboard:"
-echo "   deploy/observability/grafana-dashboard.json). The queries, and what they answer now:"
+echo "   (rules: deploy/kubernetes/base/prometheus-rules.yml, loaded; Grafana dashboard:"
+echo "   deploy/kubernetes/base/grafana-dashboard.json). The queries, and what they answer now:"
 for q in "$HITS" 'sum by (reason) (prefix_router_decisions)' 'prefix_router:prefix_hit_ratio:rate5m' \
          'max by (pod) (prefix_router_pod_healthy)' 'ALERTS{alertstate="firing"}'; do
   printf '   %s\n      → %s\n' "$q" "$(promql "$q" | jq -c '[.data.result[] | {key: (.metric.reason // .metric.pod // .metric.instance // .metric.alertname // "value"), value: .value[1]}] | from_entries')"

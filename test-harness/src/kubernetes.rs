@@ -1,7 +1,8 @@
-//! The Kubernetes manifests in `deploy/kubernetes/`: the parts that are generated from a
-//! source kept elsewhere (the Envoy configurations from `config-tool/envoy.yaml.j2`, the Prometheus
-//! rules and the Grafana dashboard from `deploy/observability/`), and reading a kustomization
-//! back as the documents it applies, for the offline checks in `tests/kubernetes.rs`.
+//! The Kubernetes manifests in `deploy/kubernetes/`: the part that is generated (each
+//! overlay's `envoy.yaml`, rendered from `config-tool/envoy.yaml.j2`; kustomize's
+//! `configMapGenerator` makes it a ConfigMap, as it does the rules and the dashboard in
+//! `base/`), and reading a kustomization back as the documents it applies, for the offline
+//! checks in `tests/kubernetes.rs`.
 //!
 //! Generated files are checked in, so `kubectl apply -k` needs nothing from this project;
 //! `render-kubernetes` rewrites them, and a test fails when one is stale.
@@ -37,8 +38,6 @@ pub fn manifests_dir() -> PathBuf {
     paths::repo_root().join("deploy/kubernetes")
 }
 
-pub use prefix_router_config::configmap::configmap;
-
 /// The Envoy settings of a fleet's overlay: its headless Service by DNS, listeners on the
 /// pod's address, the stats listener for Prometheus and the readiness probe.
 pub fn envoy_settings(service: &str, port: u16) -> EnvoySettings {
@@ -62,7 +61,6 @@ pub const ENVOY_MAX_HEAP_BYTES: u64 = 640 << 20;
 
 /// Every generated file: path relative to the repository root, and content.
 pub fn generated() -> anyhow::Result<Vec<(PathBuf, String)>> {
-    let root = paths::repo_root();
     let mut out = Vec::new();
     for (dir, service, port) in FLEETS {
         let mut settings = envoy_settings(service, port);
@@ -73,42 +71,12 @@ pub fn generated() -> anyhow::Result<Vec<(PathBuf, String)>> {
         }
         let yaml = render(&settings)?;
         out.push((
-            PathBuf::from(format!("deploy/kubernetes/{dir}/envoy-config.yaml")),
-            configmap(
-                "envoy-config",
-                Some(NAMESPACE),
-                &[],
-                "envoy.yaml",
-                &yaml,
-                "config-tool/envoy.yaml.j2 by render-kubernetes",
-            )?,
+            PathBuf::from(format!("deploy/kubernetes/{dir}/envoy.yaml")),
+            format!(
+                "# Rendered from config-tool/envoy.yaml.j2 by render-kubernetes: do not edit by hand.\n{yaml}"
+            ),
         ));
     }
-    let rules = "deploy/observability/prometheus-rules.yml";
-    out.push((
-        PathBuf::from("deploy/kubernetes/base/prometheus-rules.yaml"),
-        configmap(
-            "prometheus-rules",
-            Some(NAMESPACE),
-            &[],
-            "prefix-router.yml",
-            &read(&root.join(rules))?,
-            &format!("{rules} by render-kubernetes"),
-        )?,
-    ));
-    let dashboard = "deploy/observability/grafana-dashboard.json";
-    out.push((
-        PathBuf::from("deploy/kubernetes/base/grafana-dashboard.yaml"),
-        configmap(
-            "grafana-dashboard-prefix-router",
-            Some(NAMESPACE),
-            // the label Grafana's dashboard sidecar looks for
-            &[("grafana_dashboard", "1")],
-            "prefix-router.json",
-            &read(&root.join(dashboard))?,
-            &format!("{dashboard} by render-kubernetes"),
-        )?,
-    ));
     Ok(out)
 }
 
@@ -123,6 +91,30 @@ struct Kustomization {
     namespace: Option<String>,
     #[serde(default)]
     resources: Vec<String>,
+    #[serde(default)]
+    config_map_generator: Vec<Generator>,
+    #[serde(default)]
+    generator_options: GeneratorOptions,
+}
+
+/// A `configMapGenerator` entry: a ConfigMap of files (`key=path`, or `path` keyed by its
+/// file name).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Generator {
+    name: String,
+    #[serde(default)]
+    namespace: Option<String>,
+    files: Vec<String>,
+    #[serde(default)]
+    options: GeneratorOptions,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct GeneratorOptions {
+    #[serde(default)]
+    labels: serde_json::Map<String, Value>,
 }
 
 /// One Kubernetes object of a kustomization, with the file it came from.
@@ -148,7 +140,14 @@ pub fn objects(dir: &Path) -> anyhow::Result<Vec<Object>> {
     let path = dir.join("kustomization.yaml");
     let text = read(&path)?;
     let raw: Value = serde_norway::from_str(&text).with_context(|| path.display().to_string())?;
-    let known = ["apiVersion", "kind", "namespace", "resources"];
+    let known = [
+        "apiVersion",
+        "kind",
+        "namespace",
+        "resources",
+        "configMapGenerator",
+        "generatorOptions",
+    ];
     if let Some(extra) = raw
         .as_object()
         .and_then(|o| o.keys().find(|k| !known.contains(&k.as_str())))
@@ -176,6 +175,29 @@ pub fn objects(dir: &Path) -> anyhow::Result<Vec<Object>> {
                 }
             }
         }
+    }
+    for g in &k.config_map_generator {
+        let mut data = serde_json::Map::new();
+        for f in &g.files {
+            let (key, file) = f.split_once('=').unwrap_or((f.as_str(), f.as_str()));
+            let key = Path::new(key)
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or(key);
+            data.insert(key.to_owned(), Value::from(read(&dir.join(file))?));
+        }
+        let mut labels = k.generator_options.labels.clone();
+        labels.extend(g.options.labels.clone());
+        // kustomize suffixes the name with a hash of the content and rewrites every
+        // reference to it: read here under its own name, references unchanged
+        let mut meta = json!({"name": g.name, "labels": labels});
+        if let Some(ns) = g.namespace.as_ref().or(k.namespace.as_ref()) {
+            meta["namespace"] = json!(ns);
+        }
+        out.push(Object {
+            file: path.clone(),
+            doc: json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}),
+        });
     }
     if let Some(ns) = &k.namespace {
         for o in &out {

@@ -1,5 +1,5 @@
 //! What a user looks at: the Prometheus rules and the Grafana dashboard in
-//! `deploy/observability`, every expression executed against a real Prometheus scraping a
+//! `deploy/kubernetes/base`, every expression executed against a real Prometheus scraping a
 //! real fleet (pods + Envoy with the filter, through Envoy's stats listener) after traffic; a
 //! query that answers nothing fails. A pod killed makes the pod-down alert fire. The stats
 //! listener serves metrics and readiness only. The pods' panels are read with this project's
@@ -22,7 +22,7 @@ fired, the last three deploys and who owns each service involved; then propose t
 three diagnostic steps, in order, with the exact commands to run and what each result means. ";
 
 fn observability(file: &str) -> String {
-    std::fs::read_to_string(paths::repo_root().join("deploy/observability").join(file)).unwrap()
+    std::fs::read_to_string(paths::repo_root().join("deploy/kubernetes/base").join(file)).unwrap()
 }
 
 /// The left operands of an alert's comparisons: `(a == 0) and (b > 0)` → `a`, `b`. These are
