@@ -77,8 +77,28 @@ pub fn generated() -> anyhow::Result<Vec<(PathBuf, String)>> {
             ),
         ));
     }
+    // the example of another model on the vLLM fleet: the same pods, another model's name
+    let mut settings = envoy_settings("vllm", 8000);
+    settings.model_name = ANOTHER_MODEL.into();
+    settings
+        .extra
+        .insert("events".into(), json!({ "port": EVENTS_PORT }));
+    out.push((
+        PathBuf::from("deploy/kubernetes/examples/another-model/envoy.yaml"),
+        format!(
+            "# Rendered from config-tool/envoy.yaml.j2 by render-kubernetes: do not edit by hand.\n{}",
+            render(&settings)?
+        ),
+    ));
     Ok(out)
 }
+
+/// The model of `deploy/kubernetes/examples/another-model`.
+pub const ANOTHER_MODEL: &str = "Qwen2.5-0.5B-Instruct";
+
+/// The example overlays under `deploy/kubernetes/examples/` (patches over a fleet's overlay,
+/// read by kustomize itself: this check's reader reads no patches).
+pub const EXAMPLES: [&str; 1] = ["another-model"];
 
 fn read(p: &Path) -> anyhow::Result<String> {
     std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))

@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use test_harness::cluster::validate_config;
 use test_harness::kubernetes::{
-    generated, manifests_dir, objects, Object, ENVOY_PORTS, FLEETS, MODEL_IN_POD, WASM_IN_POD,
+    generated, manifests_dir, objects, Object, ANOTHER_MODEL, ENVOY_PORTS, EXAMPLES, FLEETS,
+    MODEL_IN_POD, WASM_IN_POD,
 };
 use test_harness::paths;
 
@@ -573,5 +574,97 @@ fn every_image_is_built_from_what_its_context_sends() {
                 assert!(sent(src), "{image}: COPY {src} is not let into the context");
             }
         }
+    }
+}
+
+/// The example overlays (patches over a fleet, read by kustomize itself) build, pass the
+/// schemas, and agree on the model in the three places that must: the name the pods serve,
+/// the name their sidecar hashes under, and the filter's `model_name`; the Envoy configuration
+/// passes Envoy's validation like the fleets' own.
+#[test]
+fn the_example_overlays_agree_on_their_model_where_kubectl_is_installed() {
+    if Command::new("kubectl")
+        .arg("version")
+        .arg("--client")
+        .output()
+        .is_err()
+    {
+        eprintln!("kubectl not installed: the examples need kustomize's patches to be read");
+        return;
+    }
+    let dir = tmp("k8s-examples");
+    for example in EXAMPLES {
+        let out = Command::new("kubectl")
+            .arg("kustomize")
+            .arg(manifests_dir().join("examples").join(example))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let docs: Vec<Value> = serde_norway::Deserializer::from_slice(&out.stdout)
+            .map(|d| <Value as serde::Deserialize>::deserialize(d).unwrap())
+            .collect();
+        schema_check(&docs.iter().collect::<Vec<_>>(), &dir).unwrap();
+        let deployment = |name: &str| {
+            docs.iter()
+                .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == name)
+                .unwrap_or_else(|| panic!("{example}: no Deployment {name}"))
+        };
+        let arg_after = |container: &str, flag: &str| -> String {
+            let spec = &deployment("vllm")["spec"]["template"]["spec"];
+            let c = spec["containers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|c| c["name"] == container)
+                .unwrap();
+            let args = c["args"].as_array().unwrap();
+            let at = args.iter().position(|a| a == flag).unwrap();
+            args[at + 1].as_str().unwrap().to_owned()
+        };
+        let served = arg_after("vllm", "--served-model-name");
+        assert_eq!(served, ANOTHER_MODEL, "{example}");
+        assert_eq!(
+            arg_after("kv-events", "--model"),
+            served,
+            "{example}: the sidecar's hashes"
+        );
+        let config = docs
+            .iter()
+            .find(|d| {
+                d["kind"] == "ConfigMap"
+                    && d["metadata"]["name"]
+                        .as_str()
+                        .is_some_and(|n| n.starts_with("envoy-config-"))
+            })
+            .unwrap()["data"]["envoy.yaml"]
+            .as_str()
+            .unwrap();
+        assert!(
+            config.contains(&format!(r#"\"model_name\":\"{served}\""#)),
+            "{example}: the filter's model_name"
+        );
+        // the init container fetches that model's files
+        let init = &deployment("envoy")["spec"]["template"]["spec"]["initContainers"];
+        assert!(
+            init.to_string().contains("Qwen/Qwen2.5-0.5B-Instruct"),
+            "{example}"
+        );
+        let wasm = paths::wasm_path();
+        let local = config
+            .replace(WASM_IN_POD, &wasm.display().to_string())
+            .replace(
+                MODEL_IN_POD,
+                &paths::repo_root()
+                    .join("data/tokenizers/qwen2.5")
+                    .display()
+                    .to_string(),
+            );
+        let path = dir.join(format!("{example}-envoy.yaml"));
+        std::fs::write(&path, local).unwrap();
+        validate_config(&path).unwrap();
     }
 }
