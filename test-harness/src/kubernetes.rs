@@ -90,15 +90,37 @@ pub fn generated() -> anyhow::Result<Vec<(PathBuf, String)>> {
             render(&settings)?
         ),
     ));
+    // the example of pods behind mutual TLS: their sidecars' port, the certificates where the
+    // gateway's Envoy mounts them, the name the pods' certificate carries
+    let mut settings = envoy_settings("model-server", POD_TLS_PORT);
+    let certs = std::path::Path::new(POD_TLS_IN_ENVOY);
+    settings.pod_tls = Some(crate::envoy_config::PodTls {
+        ca: certs.join("ca.crt"),
+        sni: Some(POD_TLS_NAME.into()),
+        cert: Some((certs.join("tls.crt"), certs.join("tls.key"))),
+    });
+    out.push((
+        PathBuf::from("deploy/kubernetes/examples/pod-tls/envoy.yaml"),
+        format!(
+            "# Rendered from config-tool/envoy.yaml.j2 by render-kubernetes: do not edit by hand.\n{}",
+            render(&settings)?
+        ),
+    ));
     Ok(out)
 }
+
+/// `deploy/kubernetes/examples/pod-tls`: the pods' TLS sidecar port, where the gateway's Envoy
+/// mounts its client certificate and the CA, and the name the pods' certificate carries.
+pub const POD_TLS_PORT: u16 = 8443;
+pub const POD_TLS_IN_ENVOY: &str = "/etc/prefix-router/pod-tls";
+pub const POD_TLS_NAME: &str = "model-server.prefix-router.svc";
 
 /// The model of `deploy/kubernetes/examples/another-model`.
 pub const ANOTHER_MODEL: &str = "Qwen2.5-0.5B-Instruct";
 
 /// The example overlays under `deploy/kubernetes/examples/` (patches over a fleet's overlay,
 /// read by kustomize itself: this check's reader reads no patches).
-pub const EXAMPLES: [&str; 1] = ["another-model"];
+pub const EXAMPLES: [&str; 2] = ["another-model", "pod-tls"];
 
 fn read(p: &Path) -> anyhow::Result<String> {
     std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))

@@ -13,7 +13,7 @@ use std::process::Command;
 use test_harness::cluster::validate_config;
 use test_harness::kubernetes::{
     generated, manifests_dir, objects, Object, ANOTHER_MODEL, ENVOY_PORTS, EXAMPLES, FLEETS,
-    MODEL_IN_POD, WASM_IN_POD,
+    MODEL_IN_POD, POD_TLS_IN_ENVOY, POD_TLS_NAME, POD_TLS_PORT, WASM_IN_POD,
 };
 use test_harness::paths;
 
@@ -577,12 +577,11 @@ fn every_image_is_built_from_what_its_context_sends() {
     }
 }
 
-/// The example overlays (patches over a fleet, read by kustomize itself) build, pass the
-/// schemas, and agree on the model in the three places that must: the name the pods serve,
-/// the name their sidecar hashes under, and the filter's `model_name`; the Envoy configuration
+/// The example overlays (patches over a fleet, read by kustomize itself) build and pass the
+/// schemas; each agrees with itself where it must (below); every Envoy configuration in them
 /// passes Envoy's validation like the fleets' own.
 #[test]
-fn the_example_overlays_agree_on_their_model_where_kubectl_is_installed() {
+fn the_example_overlays_hold_together_where_kubectl_is_installed() {
     if Command::new("kubectl")
         .arg("version")
         .arg("--client")
@@ -608,63 +607,207 @@ fn the_example_overlays_agree_on_their_model_where_kubectl_is_installed() {
             .map(|d| <Value as serde::Deserialize>::deserialize(d).unwrap())
             .collect();
         schema_check(&docs.iter().collect::<Vec<_>>(), &dir).unwrap();
-        let deployment = |name: &str| {
-            docs.iter()
-                .find(|d| d["kind"] == "Deployment" && d["metadata"]["name"] == name)
-                .unwrap_or_else(|| panic!("{example}: no Deployment {name}"))
-        };
-        let arg_after = |container: &str, flag: &str| -> String {
-            let spec = &deployment("vllm")["spec"]["template"]["spec"];
-            let c = spec["containers"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|c| c["name"] == container)
-                .unwrap();
-            let args = c["args"].as_array().unwrap();
-            let at = args.iter().position(|a| a == flag).unwrap();
-            args[at + 1].as_str().unwrap().to_owned()
-        };
-        let served = arg_after("vllm", "--served-model-name");
-        assert_eq!(served, ANOTHER_MODEL, "{example}");
-        assert_eq!(
-            arg_after("kv-events", "--model"),
-            served,
-            "{example}: the sidecar's hashes"
-        );
-        let config = docs
+        let built = Built { example, docs };
+        match example {
+            "another-model" => another_model(&built, &dir),
+            "pod-tls" => pod_tls(&built, &dir),
+            other => panic!("no check for the example {other}"),
+        }
+    }
+}
+
+/// One example as kustomize builds it.
+struct Built {
+    example: &'static str,
+    docs: Vec<Value>,
+}
+
+impl Built {
+    fn object(&self, kind: &str, name: &str) -> &Value {
+        self.docs
+            .iter()
+            .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("{}: no {kind} {name}", self.example))
+    }
+
+    fn pod_spec(&self, deployment: &str) -> &Value {
+        &self.object("Deployment", deployment)["spec"]["template"]["spec"]
+    }
+
+    fn container(&self, deployment: &str, name: &str) -> &Value {
+        self.pod_spec(deployment)["containers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap_or_else(|| panic!("{}: no container {name}", self.example))
+    }
+
+    /// A generated ConfigMap's file (its name carries a hash).
+    fn generated_file(&self, name: &str, key: &str) -> &str {
+        let prefix = format!("{name}-");
+        self.docs
             .iter()
             .find(|d| {
                 d["kind"] == "ConfigMap"
                     && d["metadata"]["name"]
                         .as_str()
-                        .is_some_and(|n| n.starts_with("envoy-config-"))
+                        .is_some_and(|n| n.starts_with(&prefix) && n.len() == prefix.len() + 10)
             })
-            .unwrap()["data"]["envoy.yaml"]
+            .unwrap_or_else(|| panic!("{}: no ConfigMap {name}", self.example))["data"][key]
             .as_str()
+            .unwrap()
+    }
+}
+
+/// Envoy validates `config` once the pod's paths are this machine's (`from` → `to`).
+fn validate_with(config: &str, subst: &[(&str, String)], path: &Path) {
+    let mut local = config.to_owned();
+    for (from, to) in subst {
+        local = local.replace(from, to);
+    }
+    std::fs::write(path, local).unwrap();
+    validate_config(path).unwrap();
+}
+
+/// Three places agree on the model: the name the pods serve, the name their sidecar hashes
+/// under, and the filter's `model_name`; the init container fetches that model's files.
+fn another_model(b: &Built, dir: &Path) {
+    let arg_after = |container: &str, flag: &str| -> String {
+        let args = b.container("vllm", container)["args"].as_array().unwrap();
+        let at = args.iter().position(|a| a == flag).unwrap();
+        args[at + 1].as_str().unwrap().to_owned()
+    };
+    let served = arg_after("vllm", "--served-model-name");
+    assert_eq!(served, ANOTHER_MODEL);
+    assert_eq!(
+        arg_after("kv-events", "--model"),
+        served,
+        "the sidecar's hashes"
+    );
+    let config = b.generated_file("envoy-config", "envoy.yaml");
+    assert!(
+        config.contains(&format!(r#"\"model_name\":\"{served}\""#)),
+        "the filter's model_name"
+    );
+    let init = &b.pod_spec("envoy")["initContainers"];
+    assert!(init.to_string().contains("Qwen/Qwen2.5-0.5B-Instruct"));
+    let subst = [
+        (WASM_IN_POD, paths::wasm_path().display().to_string()),
+        (
+            MODEL_IN_POD,
+            paths::repo_root()
+                .join("data/tokenizers/qwen2.5")
+                .display()
+                .to_string(),
+        ),
+    ];
+    validate_with(config, &subst, &dir.join("another-model-envoy.yaml"));
+}
+
+/// The gateway reaches the pods' TLS sidecar port and nothing else of theirs; its
+/// certificates are where its configuration names them; the sidecar's are where its own
+/// configuration names them; both configurations validate with real certificates.
+fn pod_tls(b: &Built, dir: &Path) {
+    let sidecar = b.container("model-server", "tls");
+    assert_eq!(sidecar["ports"][0]["containerPort"], POD_TLS_PORT);
+    let service_ports = &b.object("Service", "model-server")["spec"]["ports"];
+    assert!(service_ports
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|p| p["port"] == POD_TLS_PORT));
+    let policy = &b.object("NetworkPolicy", "model-server")["spec"]["ingress"];
+    for rule in policy.as_array().unwrap() {
+        let from = rule["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/name"].clone();
+        let port = rule["ports"][0]["port"].clone();
+        match from.as_str() {
+            Some("envoy") => assert_eq!(port, POD_TLS_PORT, "Envoy reaches only the TLS port"),
+            Some("prometheus") => assert_eq!(port, 8000),
+            other => panic!("unexpected ingress from {other:?}"),
+        }
+    }
+    let mount = |deployment: &str, container: &str, volume: &str| -> String {
+        let c = b.container(deployment, container);
+        let m = c["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == volume);
+        m.unwrap_or_else(|| panic!("{container} mounts no {volume}"))["mountPath"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(mount("envoy", "envoy", "pod-tls"), POD_TLS_IN_ENVOY);
+    let gateway = b.generated_file("envoy-config", "envoy.yaml");
+    assert!(gateway.contains(&format!("{POD_TLS_IN_ENVOY}/tls.crt")));
+    assert!(gateway.contains(&format!("port_value: {POD_TLS_PORT}")));
+    assert!(gateway.contains(POD_TLS_NAME));
+    let own = b.generated_file("pod-tls-sidecar", "envoy.yaml");
+    let certs = mount("model-server", "tls", "tls-certificates");
+    assert!(own.contains(&format!("{certs}/tls.crt")));
+    assert_eq!(mount("model-server", "tls", "tls-config"), "/etc/envoy");
+    // real certificates where the pods would have them
+    let pki = dir.join("pki");
+    std::fs::create_dir_all(&pki).unwrap();
+    let openssl = |args: &[&str]| {
+        let ok = Command::new("openssl")
+            .args(args)
+            .current_dir(&pki)
+            .output()
             .unwrap();
         assert!(
-            config.contains(&format!(r#"\"model_name\":\"{served}\""#)),
-            "{example}: the filter's model_name"
+            ok.status.success(),
+            "{}",
+            String::from_utf8_lossy(&ok.stderr)
         );
-        // the init container fetches that model's files
-        let init = &deployment("envoy")["spec"]["template"]["spec"]["initContainers"];
-        assert!(
-            init.to_string().contains("Qwen/Qwen2.5-0.5B-Instruct"),
-            "{example}"
-        );
-        let wasm = paths::wasm_path();
-        let local = config
-            .replace(WASM_IN_POD, &wasm.display().to_string())
-            .replace(
-                MODEL_IN_POD,
-                &paths::repo_root()
-                    .join("data/tokenizers/qwen2.5")
-                    .display()
-                    .to_string(),
-            );
-        let path = dir.join(format!("{example}-envoy.yaml"));
-        std::fs::write(&path, local).unwrap();
-        validate_config(&path).unwrap();
-    }
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    let mut ca = vec!["req", "-x509", "-days", "1", "-subj", "/CN=test CA"];
+    ca.extend(ec);
+    ca.extend(["-keyout", "ca.key", "-out", "ca.crt"]);
+    openssl(&ca);
+    let mut req = vec!["req", "-subj", "/CN=x"];
+    req.extend(ec);
+    req.extend(["-keyout", "tls.key", "-out", "tls.csr"]);
+    openssl(&req);
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "tls.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-out",
+        "tls.crt",
+    ]);
+    let pki_path = pki.display().to_string();
+    let subst = [
+        (WASM_IN_POD, paths::wasm_path().display().to_string()),
+        (
+            MODEL_IN_POD,
+            model_server::config::default_model_dir()
+                .display()
+                .to_string(),
+        ),
+        (POD_TLS_IN_ENVOY, pki_path.clone()),
+    ];
+    validate_with(gateway, &subst, &dir.join("pod-tls-envoy.yaml"));
+    validate_with(
+        own,
+        &[(certs.as_str(), pki_path)],
+        &dir.join("pod-tls-sidecar.yaml"),
+    );
 }
