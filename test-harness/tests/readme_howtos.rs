@@ -14,11 +14,7 @@ use test_harness::process::Proc;
 use test_harness::readme::{blocks, howto, readme};
 
 /// Blocks not run here, and why (a block leaving this list must be run, or the test fails).
-const NOT_RUN: [(&str, &str); 2] = [
-    (
-        "vllm-pods",
-        "the same commands run through `BACKEND=vllm scripts/demo.sh all` (the CPU build's module entry point instead of `vllm serve`)",
-    ),
+const NOT_RUN: [(&str, &str); 1] = [
     (
         "kubernetes",
         "needs a container builder and a cluster; the manifests are checked offline by tests/kubernetes.rs",
@@ -91,11 +87,26 @@ fn run_block(
     log_dir: &Path,
     timeout: Duration,
 ) -> (Proc, String) {
+    run_block_with(name, text, dir, log_dir, timeout, &[])
+}
+
+/// [`run_block`] with more environment variables (this machine's settings, not the block's).
+fn run_block_with(
+    name: &str,
+    text: String,
+    dir: &Path,
+    log_dir: &Path,
+    timeout: Duration,
+    env: &[(&str, &str)],
+) -> (Proc, String) {
     assert!(!text.is_empty(), "no README howto '{name}'");
     let root = paths::repo_root();
     let bins = [
         root.join("target/debug"),
         root.join(".venv/bin"),
+        paths::vllm_venv()
+            .map(|v| v.join("bin"))
+            .unwrap_or_default(),
         paths::llama_server_bin()
             .ok()
             .and_then(|p| p.parent().map(Path::to_path_buf))
@@ -108,7 +119,8 @@ fn run_block(
     let mut cmd = Command::new("bash");
     cmd.args(["-euo", "pipefail", "-c", &text])
         .current_dir(dir)
-        .env("PATH", path);
+        .env("PATH", path)
+        .envs(env.iter().copied());
     let mut p = Proc::spawn_group(name, cmd, log_dir).unwrap();
     let mut status = None;
     let ended = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -290,6 +302,57 @@ fn the_by_hand_howtos_serve_through_envoy() {
     };
     poll("llama-server ready", Duration::from_secs(60), pods_ready);
     repeated("llama.cpp pods");
+    p.kill();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The vLLM how-to on the README's ports: a real vLLM serving the model directory with its
+/// events published, its kv-events sidecar serving them (ready once subscribed and vLLM's
+/// `/metrics` answers), and the Envoy configuration asking that sidecar.
+#[test]
+fn the_vllm_howto_serves_its_events() {
+    let dir = scratch("vllm");
+    // this machine's CPU settings for vLLM (a GPU box needs none)
+    let cpu = [
+        ("VLLM_CPU_KVCACHE_SPACE", "1"),
+        ("VLLM_CPU_OMP_THREADS_BIND", "nobind"),
+        ("OMP_NUM_THREADS", "1"),
+        ("HF_HUB_OFFLINE", "1"),
+        ("VLLM_NO_USAGE_STATS", "1"),
+    ];
+    let (mut p, _) = run_block_with(
+        "vllm-pods",
+        howto("vllm-pods"),
+        &paths::repo_root(),
+        &dir,
+        Duration::from_secs(60),
+        &cpu,
+    );
+    let config = std::fs::read_to_string("/tmp/envoy.yaml").unwrap();
+    assert!(
+        config.contains("127.0.0.1:8101"),
+        "the sidecar's address in the filter's config"
+    );
+    let http = client();
+    let log = dir.join("vllm-pods.log");
+    let serving = || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        assert!(!text.contains("Traceback"), "vLLM failed:\n{text}");
+        http.get("http://127.0.0.1:8101/health")
+            .send()
+            .is_ok_and(|r| r.status() == 200)
+    };
+    poll("the vLLM pod's sidecar", Duration::from_secs(300), serving);
+    let page: serde_json::Value = http
+        .get("http://127.0.0.1:8101/v1/cache/events?since=0")
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert!(
+        page.get("generation").is_some() || page.get("events").is_some(),
+        "{page}"
+    );
     p.kill();
     let _ = std::fs::remove_dir_all(&dir);
 }
