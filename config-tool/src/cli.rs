@@ -75,7 +75,8 @@ pub struct Args {
     /// Render Envoy without the filter (plain round-robin).
     #[arg(long)]
     no_filter: bool,
-    /// Prefix-cache block size in tokens (must equal the pods').
+    /// Tokens per block the router hashes: this project's servers' --block-size; a whole
+    /// multiple of the pods' block size with a kv-events sidecar; otherwise the router's own.
     #[arg(long, default_value_t = defaults::BLOCK_SIZE)]
     block_size: u32,
     /// Served model name (seeds the block hashes, as the pods' --served-model-name).
