@@ -177,25 +177,21 @@ pub struct Args {
 
 /// Renders what the command line (or its `--config` file) describes, to `--out` or stdout.
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let env = |k: &str| std::env::var(k).ok();
+    // the filter to load: none without it, else the one named, else the installed one
+    let wasm = |no_filter: bool, named: Option<PathBuf>| -> anyhow::Result<Option<PathBuf>> {
+        match (no_filter, named) {
+            (true, _) => Ok(None),
+            (false, Some(w)) => Ok(Some(w)),
+            (false, None) => crate::install::default_wasm(|k| std::env::var(k).ok()).map(Some),
+        }
+    };
     let s = match &a.config {
         Some(path) => {
             let file = GatewayFile::read(path)?;
-            let wasm = match (file.no_filter(), a.wasm.clone().or(file.wasm())) {
-                (true, _) => None,
-                (false, Some(w)) => Some(w),
-                (false, None) => Some(crate::install::default_wasm(env)?),
-            };
-            file.settings(wasm)?
+            let w = wasm(file.no_filter(), a.wasm.clone().or(file.wasm()))?;
+            file.settings(w)?
         }
-        None => {
-            let wasm = match (a.no_filter, a.wasm.clone()) {
-                (true, _) => None,
-                (false, Some(w)) => Some(w),
-                (false, None) => Some(crate::install::default_wasm(env)?),
-            };
-            settings(a.clone(), wasm)?
-        }
+        None => settings(a.clone(), wasm(a.no_filter, a.wasm.clone())?)?,
     };
     let mut yaml = render(&s)?;
     if let Some(name) = &a.configmap {

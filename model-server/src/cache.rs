@@ -15,7 +15,7 @@ use prefix_core::BlockHash;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-/// What changed in the cache, for metrics and (later) cache events.
+/// What changed in the cache, for its metrics and its cache events (`/v1/cache/events`).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct StoreOutcome {
     pub stored: usize,

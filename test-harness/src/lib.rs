@@ -16,6 +16,7 @@
 //! - [`load`]: open-loop load at a fixed rate, every outcome recorded.
 //! - [`hostile`]: the requests of hostile clients (huge words, batches, deep JSON, …) that
 //!   the gateway and the pods must answer without stalling.
+//! - [`pki`]: certificates made for a test (a CA, a server's, a client's).
 //! - [`prometheus`]: a real Prometheus scraping the fleet.
 //! - [`wire`]: reading answers back (Prometheus text, server-sent events).
 //! - [`kubernetes`]: the generated parts of `deploy/kubernetes` and reading them back.
@@ -29,6 +30,7 @@ pub mod kubernetes;
 pub mod llama;
 pub mod load;
 pub mod paths;
+pub mod pki;
 pub mod process;
 pub mod prometheus;
 pub mod readme;

@@ -54,6 +54,23 @@ fn schema_check(objs: &[&Value], dir: &Path) -> Result<(), String> {
     }
 }
 
+/// What `kubectl kustomize dir` builds, as documents.
+fn kustomize(dir: &Path) -> Vec<Value> {
+    let out = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_norway::Deserializer::from_slice(&out.stdout)
+        .map(|d| <Value as serde::Deserialize>::deserialize(d).unwrap())
+        .collect()
+}
+
 fn configmap_file<'a>(objs: &'a [Object], name: &str, key: &str) -> &'a str {
     objs.iter()
         .find(|o| o.kind() == "ConfigMap" && o.name() == name)
@@ -400,34 +417,23 @@ fn kubectl_kustomize_agrees_where_installed() {
         "grafana-dashboard-prefix-router",
     ];
     for (fleet, _, _) in FLEETS {
-        let out = Command::new("kubectl")
-            .arg("kustomize")
-            .arg(manifests_dir().join(fleet))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let theirs: BTreeSet<(String, String)> =
-            serde_norway::Deserializer::from_slice(&out.stdout)
-                .map(|d| {
-                    let v = <Value as serde::Deserialize>::deserialize(d).unwrap();
-                    let name = v["metadata"]["name"].as_str().unwrap().to_owned();
-                    // a generated ConfigMap's name carries a hash of its content, which
-                    // kustomize also writes into every reference to it
-                    let name = match (v["kind"].as_str(), name.rsplit_once('-')) {
-                        (Some("ConfigMap"), Some((base, hash)))
-                            if hash.len() == 10 && generated_maps.contains(&base) =>
-                        {
-                            base.to_owned()
-                        }
-                        _ => name,
-                    };
-                    (v["kind"].to_string(), Value::from(name).to_string())
-                })
-                .collect();
+        let theirs: BTreeSet<(String, String)> = kustomize(&manifests_dir().join(fleet))
+            .into_iter()
+            .map(|v| {
+                let name = v["metadata"]["name"].as_str().unwrap().to_owned();
+                // a generated ConfigMap's name carries a hash of its content, which
+                // kustomize also writes into every reference to it
+                let name = match (v["kind"].as_str(), name.rsplit_once('-')) {
+                    (Some("ConfigMap"), Some((base, hash)))
+                        if hash.len() == 10 && generated_maps.contains(&base) =>
+                    {
+                        base.to_owned()
+                    }
+                    _ => name,
+                };
+                (v["kind"].to_string(), Value::from(name).to_string())
+            })
+            .collect();
         let ours: BTreeSet<(String, String)> = fleet_objects(fleet)
             .iter()
             .map(|o| {
@@ -593,19 +599,7 @@ fn the_example_overlays_hold_together_where_kubectl_is_installed() {
     }
     let dir = tmp("k8s-examples");
     for example in EXAMPLES {
-        let out = Command::new("kubectl")
-            .arg("kustomize")
-            .arg(manifests_dir().join("examples").join(example))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let docs: Vec<Value> = serde_norway::Deserializer::from_slice(&out.stdout)
-            .map(|d| <Value as serde::Deserialize>::deserialize(d).unwrap())
-            .collect();
+        let docs = kustomize(&manifests_dir().join("examples").join(example));
         schema_check(&docs.iter().collect::<Vec<_>>(), &dir).unwrap();
         let built = Built { example, docs };
         match example {
@@ -748,51 +742,16 @@ fn pod_tls(b: &Built, dir: &Path) {
     let certs = mount("model-server", "tls", "tls-certificates");
     assert!(own.contains(&format!("{certs}/tls.crt")));
     assert_eq!(mount("model-server", "tls", "tls-config"), "/etc/envoy");
-    // real certificates where the pods would have them
+    // real certificates where the pods would have them (the names each side mounts)
     let pki = dir.join("pki");
-    std::fs::create_dir_all(&pki).unwrap();
-    let openssl = |args: &[&str]| {
-        let ok = Command::new("openssl")
-            .args(args)
-            .current_dir(&pki)
-            .output()
-            .unwrap();
-        assert!(
-            ok.status.success(),
-            "{}",
-            String::from_utf8_lossy(&ok.stderr)
-        );
-    };
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    let mut ca = vec!["req", "-x509", "-days", "1", "-subj", "/CN=test CA"];
-    ca.extend(ec);
-    ca.extend(["-keyout", "ca.key", "-out", "ca.crt"]);
-    openssl(&ca);
-    let mut req = vec!["req", "-subj", "/CN=x"];
-    req.extend(ec);
-    req.extend(["-keyout", "tls.key", "-out", "tls.csr"]);
-    openssl(&req);
-    openssl(&[
-        "x509",
-        "-req",
-        "-in",
-        "tls.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-days",
-        "1",
-        "-out",
-        "tls.crt",
-    ]);
+    test_harness::pki::certificates(&pki, POD_TLS_NAME).unwrap();
+    for ext in ["crt", "key"] {
+        std::fs::copy(
+            pki.join(format!("client.{ext}")),
+            pki.join(format!("tls.{ext}")),
+        )
+        .unwrap();
+    }
     let pki_path = pki.display().to_string();
     let subst = [
         (WASM_IN_POD, paths::wasm_path().display().to_string()),

@@ -19,79 +19,6 @@ use test_harness::process::{free_port, wait_until, Proc};
 
 const NAME: &str = "pods.prefix-router.test";
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("openssl (Debian package openssl; scripts/setup.sh installs it)");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// A CA, a server certificate for [`NAME`] and a client certificate, all signed by the CA.
-fn certificates(dir: &Path) {
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    let mut ca = vec![
-        "req",
-        "-x509",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=prefix-router test CA",
-    ];
-    ca.extend(ec);
-    ca.extend(["-keyout", "ca.key", "-out", "ca.crt"]);
-    openssl(dir, &ca);
-    for (who, san) in [
-        ("server", format!("subjectAltName=DNS:{NAME}")),
-        ("client", "extendedKeyUsage=clientAuth".to_owned()),
-    ] {
-        std::fs::write(dir.join(format!("{who}.ext")), &san).unwrap();
-        let mut req = vec!["req", "-subj"];
-        let subj = format!("/CN={who}");
-        req.push(&subj);
-        req.extend(ec);
-        let (key, csr, crt, ext) = (
-            format!("{who}.key"),
-            format!("{who}.csr"),
-            format!("{who}.crt"),
-            format!("{who}.ext"),
-        );
-        req.extend(["-keyout", &key, "-out", &csr]);
-        openssl(dir, &req);
-        openssl(
-            dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                &csr,
-                "-CA",
-                "ca.crt",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-days",
-                "2",
-                "-out",
-                &crt,
-                "-extfile",
-                &ext,
-            ],
-        );
-    }
-}
-
 /// One Envoy terminating mutual TLS in front of each pod (a listener per pod, plain TCP on to
 /// it): what a mesh sidecar does.
 fn sidecars(dir: &Path, pods: &[String]) -> (Proc, Vec<String>) {
@@ -187,7 +114,7 @@ fn healthy(http: &reqwest::blocking::Client, envoy: &Envoy, addr: &str) -> f64 {
 fn a_fleet_behind_mutual_tls_is_polled_and_routed_by_prefix() {
     let dir = run_dir("pod-tls");
     std::fs::create_dir_all(&dir).unwrap();
-    certificates(&dir);
+    test_harness::pki::certificates(&dir, NAME).unwrap();
     let pods = start_pods_of(PodKind::ModelServer, 2, &ZERO_COST, &dir).unwrap();
     let addrs: Vec<String> = pods.iter().map(|p| p.addr.clone()).collect();
     let (_sidecars, fronts) = sidecars(&dir, &addrs);

@@ -65,16 +65,7 @@ pub(super) fn parse(
         add_message(i, msg, &mut messages)?;
     }
     let messages = flatten_messages(messages, media, "messages")?;
-    let kwargs = match obj.get("chat_template_kwargs") {
-        Some(Value::Object(m)) => m.clone(),
-        None | Some(Value::Null) => Map::new(),
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "'chat_template_kwargs' must be an object",
-                Some("chat_template_kwargs"),
-            ))
-        }
-    };
+    let kwargs = super::parse_kwargs(obj)?;
     let tools = match obj.get("tools") {
         None | Some(Value::Null) => None,
         Some(Value::Array(list)) => Some(Value::Array(
@@ -311,15 +302,11 @@ fn py_dumps(v: &Value) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{parse_request, Endpoint, PromptInput};
+    use super::super::{chat_json, parse_request, Endpoint};
     use serde_json::{json, Value};
 
     fn messages(body: Value) -> Vec<Value> {
-        let r = parse_request(Endpoint::Messages, body.to_string().as_bytes()).unwrap();
-        let PromptInput::Chat(m) = r.prompt else {
-            panic!("not a chat")
-        };
-        m.into_iter().map(|m| Value::Object(m.0)).collect()
+        chat_json(Endpoint::Messages, &body)
     }
 
     #[test]

@@ -302,16 +302,7 @@ fn parse_chat_options(obj: &Map<String, Value>) -> Result<ChatOptions, ApiError>
             return Err(ApiError::invalid("'tools' must be an array", Some("tools")));
         }
     };
-    let kwargs = match obj.get("chat_template_kwargs") {
-        None | Some(Value::Null) => Map::new(),
-        Some(Value::Object(m)) => m.clone(),
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "'chat_template_kwargs' must be an object",
-                Some("chat_template_kwargs"),
-            ));
-        }
-    };
+    let kwargs = parse_kwargs(obj)?;
     Ok(ChatOptions {
         tools,
         add_generation_prompt,
@@ -319,6 +310,19 @@ fn parse_chat_options(obj: &Map<String, Value>) -> Result<ChatOptions, ApiError>
         kwargs,
         merge_inline_system: None,
     })
+}
+
+/// `chat_template_kwargs`: extra template variables, an object (vLLM's field, on every chat
+/// endpoint).
+fn parse_kwargs(obj: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
+    match obj.get("chat_template_kwargs") {
+        None | Some(Value::Null) => Ok(Map::new()),
+        Some(Value::Object(m)) => Ok(m.clone()),
+        Some(_) => Err(ApiError::invalid(
+            "'chat_template_kwargs' must be an object",
+            Some("chat_template_kwargs"),
+        )),
+    }
 }
 
 /// The messages, moved out of the parsed body.
@@ -491,6 +495,15 @@ fn parse_stop(obj: &Map<String, Value>, key: &str) -> Result<Vec<String>, ApiErr
             .collect::<Option<Vec<_>>>()
             .ok_or_else(|| ApiError::invalid(message, Some(key))),
         Some(_) => Err(ApiError::invalid(message, Some(key))),
+    }
+}
+
+/// The chat messages a body of `endpoint` renders, as JSON (for the tests of each shape).
+#[cfg(test)]
+fn chat_json(endpoint: Endpoint, body: &Value) -> Vec<Value> {
+    match parse_request(endpoint, body.to_string().as_bytes()).map(|r| r.prompt) {
+        Ok(PromptInput::Chat(m)) => m.into_iter().map(|m| Value::Object(m.0)).collect(),
+        other => panic!("not a chat: {other:?}"),
     }
 }
 

@@ -59,16 +59,7 @@ pub(super) fn parse(
         }
     }
     let messages = flatten_messages(messages, media, "input")?;
-    let mut kwargs = match obj.get("chat_template_kwargs") {
-        Some(Value::Object(m)) => m.clone(),
-        None | Some(Value::Null) => Map::new(),
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "'chat_template_kwargs' must be an object",
-                Some("chat_template_kwargs"),
-            ))
-        }
-    };
+    let mut kwargs = super::parse_kwargs(obj)?;
     // what vLLM adds to the template's variables for a reasoning effort
     if let Some(effort) = obj.get("reasoning").and_then(|r| r.get("effort")) {
         if let Some(e) = effort.as_str() {
@@ -246,15 +237,11 @@ fn add_item(item: Map<String, Value>, messages: &mut Vec<ChatMessage>) -> Result
 
 #[cfg(test)]
 mod tests {
-    use super::super::{parse_request, Endpoint, PromptInput};
+    use super::super::{chat_json, parse_request, Endpoint};
     use serde_json::{json, Value};
 
     fn messages(body: Value) -> Vec<Value> {
-        let r = parse_request(Endpoint::Responses, body.to_string().as_bytes()).unwrap();
-        let PromptInput::Chat(m) = r.prompt else {
-            panic!("not a chat")
-        };
-        m.into_iter().map(|m| Value::Object(m.0)).collect()
+        chat_json(Endpoint::Responses, &body)
     }
 
     #[test]
