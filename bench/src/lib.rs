@@ -17,7 +17,8 @@
 //! - [`faults`]: pod kill, restart, join, unique prompts and a soak, under load.
 //! - [`hostile`]: hostile requests through Envoy and at a pod, timed.
 //! - [`vllm_fleet`]: the policies and the peers on real vLLM pods, events on and off.
-//! - [`cli`]: the `bench` command line that runs them and prints the summary.
+//! - [`cli`]: the `bench` command line, one file per subcommand, that runs them and prints
+//!   and writes the summary.
 
 pub mod cli;
 pub mod engine;

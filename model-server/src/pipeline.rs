@@ -7,11 +7,12 @@
 //! HTTP and OpenAI response shapes are not here ([`crate::api`], [`crate::openai`]): this is
 //! what a request costs the pod, whatever shape it is answered in.
 
+use crate::cache::Lease;
 use crate::config::Config;
 use crate::engine::{Emitted, EngineError, FinishReason, GenerateRequest, KvBlock, StopStrings};
 use crate::state::AppState;
 use prefix_core::request::InferenceRequest;
-use prefix_core::{ApiError, PreparedPrompt};
+use prefix_core::{ApiError, BlockHash, PreparedPrompt};
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc;
@@ -91,48 +92,16 @@ pub async fn serve(
     tokio::spawn(async move {
         let _slot = slot;
         let _running = running;
-        let (tok_tx, mut tok_rx) = mpsc::channel::<Emitted>(64);
+        let (tok_tx, tok_rx) = mpsc::channel::<Emitted>(64);
         let engine_fut = state.engine.generate(gen, tok_tx);
-        let relay = async {
-            let mut completion = 0usize;
-            let mut blocks: Vec<KvBlock> = Vec::new();
-            let mut stored = false;
-            // Prefill is done once the first token (or the engine's blocks and then the end)
-            // exists: the prompt's blocks are now computed and can be cached.
-            let mut store = |blocks: Vec<KvBlock>| {
-                let out = lease.store_with(&hashes, blocks);
-                state.metrics.blocks_stored.inc_by(out.stored as u64);
-                state.metrics.blocks_evicted.inc_by(out.evicted as u64);
-                state.metrics.kv_cache_usage.set(state.cache.usage());
-            };
-            while let Some(emitted) = tok_rx.recv().await {
-                let piece = match emitted {
-                    Emitted::Blocks(b) => {
-                        blocks = b;
-                        continue;
-                    }
-                    Emitted::Token(t) => t,
-                };
-                if !stored {
-                    stored = true;
-                    store(std::mem::take(&mut blocks));
-                    state.metrics.ttft.observe(started.elapsed().as_secs_f64());
-                    state
-                        .metrics
-                        .prefill_time
-                        .observe(admitted.elapsed().as_secs_f64());
-                }
-                completion += 1;
-                if out_tx.send(Chunk::Text(piece)).await.is_err() {
-                    break; // client gone; dropping tok_rx stops the engine
-                }
-            }
-            if !stored && !blocks.is_empty() {
-                store(blocks); // ended before any token (e.g. end-of-sequence first)
-            }
-            drop(tok_rx);
-            completion
-        };
+        let relay = relay(
+            &state,
+            &mut lease,
+            &hashes,
+            tok_rx,
+            &out_tx,
+            (started, admitted),
+        );
         let (result, completion) = tokio::join!(engine_fut, relay);
         state.metrics.generation_tokens.inc_by(completion as u64);
         state.metrics.e2e.observe(started.elapsed().as_secs_f64());
@@ -153,6 +122,55 @@ pub async fn serve(
         let _ = out_tx.send(last).await;
     });
     Ok(out_rx)
+}
+
+/// Relays the engine's tokens to the client as chunks. Prefill is done once the first token
+/// (or the engine's blocks and then the end) exists: the prompt's new blocks are stored in the
+/// cache then, and time to first token and prefill time observed. Stops when the client goes
+/// (dropping the receiver stops the engine); the tokens relayed.
+async fn relay(
+    state: &AppState,
+    lease: &mut Lease<KvBlock>,
+    hashes: &[BlockHash],
+    mut tok_rx: mpsc::Receiver<Emitted>,
+    out_tx: &mpsc::Sender<Chunk>,
+    (started, admitted): (Instant, Instant),
+) -> usize {
+    let mut completion = 0usize;
+    let mut blocks: Vec<KvBlock> = Vec::new();
+    let mut stored = false;
+    let mut store = |blocks: Vec<KvBlock>| {
+        let out = lease.store_with(hashes, blocks);
+        state.metrics.blocks_stored.inc_by(out.stored as u64);
+        state.metrics.blocks_evicted.inc_by(out.evicted as u64);
+        state.metrics.kv_cache_usage.set(state.cache.usage());
+    };
+    while let Some(emitted) = tok_rx.recv().await {
+        let piece = match emitted {
+            Emitted::Blocks(b) => {
+                blocks = b;
+                continue;
+            }
+            Emitted::Token(t) => t,
+        };
+        if !stored {
+            stored = true;
+            store(std::mem::take(&mut blocks));
+            state.metrics.ttft.observe(started.elapsed().as_secs_f64());
+            state
+                .metrics
+                .prefill_time
+                .observe(admitted.elapsed().as_secs_f64());
+        }
+        completion += 1;
+        if out_tx.send(Chunk::Text(piece)).await.is_err() {
+            break; // client gone
+        }
+    }
+    if !stored && !blocks.is_empty() {
+        store(blocks); // ended before any token (e.g. end-of-sequence first)
+    }
+    completion
 }
 
 /// The prompt must fit the model and hold at least one token, and the tokens asked for must
