@@ -21,14 +21,7 @@ pub fn default_model_dir() -> PathBuf {
 }
 
 /// Flags that make the sim engine answer at once (tests and overhead measurements).
-pub const SIM_ZERO_COST: [&str; 6] = [
-    "--sim-ttft-base-ms",
-    "0",
-    "--sim-prefill-us-per-token",
-    "0",
-    "--sim-decode-ms-per-token",
-    "0",
-];
+pub use prefix_core::protocol::defaults::SIM_ZERO_COST;
 
 /// The default model file that `scripts/setup.sh` installs.
 pub fn default_model_file() -> PathBuf {

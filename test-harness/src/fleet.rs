@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// Flags that make the sim engine answer at once.
-pub use model_server::config::SIM_ZERO_COST as ZERO_COST;
+pub use prefix_core::protocol::defaults::SIM_ZERO_COST as ZERO_COST;
 
 pub struct Fleet {
     pub pods: Vec<Pod>,

@@ -1,5 +1,6 @@
 //! Where the project's binaries and data are, with environment overrides for each.
 
+use prefix_core::protocol::defaults;
 use std::path::PathBuf;
 
 fn env_path(var: &str) -> Option<PathBuf> {
@@ -93,17 +94,25 @@ pub fn vllm_venv() -> anyhow::Result<PathBuf> {
         .map_err(anyhow::Error::msg)
 }
 
+/// Where `scripts/setup.sh` puts models: `$PREFIX_ROUTER_DATA`, else `<repo>/data`.
+pub fn data_dir() -> PathBuf {
+    defaults::data_dir(&repo_root())
+}
+
+/// The default model's directory (GGUF, `tokenizer.json`, `tokenizer_config.json`).
+pub fn default_model_dir() -> PathBuf {
+    defaults::model_dir(&data_dir())
+}
+
 /// SmolLM2 in the Hugging Face layout vLLM loads (`scripts/setup.sh` writes it).
 pub fn vllm_model_dir() -> PathBuf {
-    model_server::config::data_dir()
-        .join("models")
-        .join(format!(
-            "{}-hf",
-            prefix_core::protocol::defaults::MODEL_NAME
-        ))
+    data_dir().join("models").join(format!(
+        "{}-hf",
+        prefix_core::protocol::defaults::MODEL_NAME
+    ))
 }
 
 /// The default model's GGUF file (`scripts/setup.sh` installs it).
 pub fn default_gguf() -> PathBuf {
-    model_server::config::default_model_file()
+    default_model_dir().join(defaults::MODEL_FILE)
 }

@@ -51,7 +51,7 @@ fn models() -> Vec<(&'static str, PathBuf)> {
     vec![
         (
             "SmolLM2-135M-Instruct",
-            model_server::config::default_model_dir(),
+            test_harness::paths::default_model_dir(),
         ),
         ("Qwen2.5", data.join("tokenizers/qwen2.5")),
     ]

@@ -348,7 +348,7 @@ fn the_envoy_configurations_pass_envoy_validate() {
         // the filter and the model's files are where the init containers put them in the pod;
         // here, the built filter and the installed model
         assert!(config.contains(&format!("{MODEL_IN_POD}/tokenizer.json")));
-        let model = model_server::config::default_model_dir();
+        let model = test_harness::paths::default_model_dir();
         let local = config
             .replace(WASM_IN_POD, &wasm.display().to_string())
             .replace(MODEL_IN_POD, &model.display().to_string());
@@ -757,7 +757,7 @@ fn pod_tls(b: &Built, dir: &Path) {
         (WASM_IN_POD, paths::wasm_path().display().to_string()),
         (
             MODEL_IN_POD,
-            model_server::config::default_model_dir()
+            test_harness::paths::default_model_dir()
                 .display()
                 .to_string(),
         ),

@@ -33,7 +33,7 @@ fn chat() -> Value {
 fn a_tokenizer_served_by_envoy_is_fetched_and_routes_by_prefix() {
     let f = fleet(
         "tokenizer-fetched",
-        model_server::config::default_model_dir(),
+        test_harness::paths::default_model_dir(),
     );
     // every worker VM fetches its own copy on its first tick; until then, by load
     let routed = f.wait(Duration::from_secs(20), || {
@@ -89,7 +89,7 @@ fn a_broken_tokenizer_source_costs_no_request() {
 /// stick. Without the file the filter could not render them at all (reason `fallback`).
 #[test]
 fn a_chat_template_in_its_own_file_is_fetched_and_used() {
-    let src = model_server::config::default_model_dir();
+    let src = test_harness::paths::default_model_dir();
     let dir = test_harness::cluster::run_dir("jinja-model");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::copy(src.join("tokenizer.json"), dir.join("tokenizer.json")).unwrap();

@@ -25,6 +25,17 @@ pub const MAX_PROMPT_TOKENS: usize = 32_768;
 /// ~4, so an ordinary prompt is cut by its token limit, never by this.
 pub const READ_BYTES_PER_TOKEN: usize = 8;
 
+/// The model server's flags that make its sim engine answer at once (tests and overhead
+/// measurements start pods with them).
+pub const SIM_ZERO_COST: [&str; 6] = [
+    "--sim-ttft-base-ms",
+    "0",
+    "--sim-prefill-us-per-token",
+    "0",
+    "--sim-decode-ms-per-token",
+    "0",
+];
+
 /// Environment variable naming the data directory, where `scripts/setup.sh` installs models.
 pub const DATA_DIR_ENV: &str = "PREFIX_ROUTER_DATA";
 
