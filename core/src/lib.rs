@@ -9,17 +9,18 @@
 //!
 //! In request order:
 //!
-//! - [`request`] and [`error`]: parse and validate an OpenAI completions / chat body; the
-//!   OpenAI-style errors both sides answer with.
+//! - [`request`] and [`error`]: parse and validate an inference body (completions, chat,
+//!   Responses, Anthropic-style messages; which paths are read as what); the OpenAI-style
+//!   errors both sides answer with.
 //! - [`model`], [`template`], [`tokenizer`] ([`fast_bpe`]): render the prompt with the
 //!   model's chat template and tokenize it with its vocabulary; [`prompt_blocks`]: only as
 //!   deep as a router needs.
 //! - [`block`]: chained XXH3 hashes of the full token blocks (golden vectors in
 //!   `tests/data`).
-//! - [`cost`]: what a request costs on each pod (prefill per token, slot time, slots),
-//!   learned online from the pods' counters; the `cost` policy's input.
+//! - [`pod_costs`]: what a request costs on each pod (prefill per token, slot time, slots),
+//!   learned online from the pods' counters (when a pod's prefill ends; the `cost` policy).
 //! - [`policy`]: **the routing decision** — a pod and a [`policy::Reason`], from the block
-//!   owners and the pods' loads.
+//!   owners and the pods' loads, in steps; one file per policy.
 //! - [`table`]: the ownership table's layout in Envoy shared data (bounded, 4-way buckets).
 //! - [`membership`]: which pods are in the fleet right now, each at a stable slot.
 //! - [`liveness`]: what a router believes about a pod (health, load, cache generation) and
@@ -30,13 +31,13 @@
 //!   settings; the models one filter serves), typed and validated once.
 
 pub mod block;
-pub mod cost;
 pub mod error;
 pub mod fast_bpe;
 pub mod liveness;
 pub mod membership;
 pub mod model;
 pub mod plugin_config;
+pub mod pod_costs;
 pub mod policy;
 pub mod prompt_blocks;
 pub mod protocol;

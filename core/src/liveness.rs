@@ -22,7 +22,7 @@
 //!   back. A connection refused or reset on the request path (Envoy answers 502/503 itself,
 //!   without the pod's header) marks it down at once.
 
-use crate::cost::{CostModel, CostPrior, PodCosts};
+use crate::pod_costs::{CostModel, CostPrior, PodCosts};
 use crate::policy::PodLoad;
 use crate::protocol::pod_metrics::MetricsReport;
 use crate::protocol::{EventsPage, LoadReport};

@@ -2,8 +2,8 @@
 //! a bad value is reported by its path (`pods[2]`, `weights.prefix`).
 
 use crate::block::BlockSize;
-use crate::cost::CostPrior;
 use crate::membership::MAX_MEMBERS;
+use crate::pod_costs::CostPrior;
 use crate::policy::{Policy, Weights};
 use crate::protocol::defaults;
 use serde::Deserialize;

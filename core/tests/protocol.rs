@@ -42,7 +42,7 @@ fn sample() -> EventsPage {
             running: 1,
             waiting: 2,
             kv_cache_usage: 0.25,
-            work: prefix_core::cost::WorkCounters {
+            work: prefix_core::pod_costs::WorkCounters {
                 prefills: Some(3.0),
                 prefill_seconds: Some(0.25),
                 computed_tokens: Some(2048.0),

@@ -147,10 +147,10 @@ impl Metrics {
         &self,
         max_num_seqs: usize,
         cache_tokens: usize,
-    ) -> prefix_core::cost::WorkCounters {
+    ) -> prefix_core::pod_costs::WorkCounters {
         let prompt = self.prompt_tokens.get() as f64;
         let hits = self.prefix_cache_hits.get() as f64;
-        prefix_core::cost::WorkCounters {
+        prefix_core::pod_costs::WorkCounters {
             prefills: Some(self.prefill_time.get_sample_count() as f64),
             prefill_seconds: Some(self.prefill_time.get_sample_sum()),
             computed_tokens: Some((prompt - hits).max(0.0)),

@@ -9,7 +9,7 @@
 //! ```
 //!
 //! with `outstanding` the larger of this router's in-flight count and what the pod last said it
-//! runs and queues, and the costs learned per pod ([`crate::cost`]). A choice is scored by
+//! runs and queues, and the costs learned per pod ([`crate::pod_costs`]). A choice is scored by
 //! that plus what it costs *other* requests: the tokens it computes that do not fit in the
 //! pod's free cache space evict as many of other prefixes, which their next requests compute
 //! again (`evict = per_token_s × evicted tokens`). Without that, a router that
@@ -176,7 +176,7 @@ pub(super) fn choose<S: AsRef<str>>(
 mod tests {
     use super::super::{decide, PodLoad, Policy, Weights};
     use super::*;
-    use crate::cost::PodCosts;
+    use crate::pod_costs::PodCosts;
 
     const PODS: [&str; 4] = [
         "127.0.0.1:8001",

@@ -9,7 +9,7 @@
 //! once.
 
 use crate::block::BlockHash;
-use crate::cost::WorkCounters;
+use crate::pod_costs::WorkCounters;
 use serde::{Deserialize, Serialize};
 
 /// The path the page is served on (query: `since`).

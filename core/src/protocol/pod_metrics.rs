@@ -14,7 +14,7 @@
 //! suits a router that must keep working on whatever a pod serves.)
 
 use super::LoadReport;
-use crate::cost::WorkCounters;
+use crate::pod_costs::WorkCounters;
 
 /// The series each kind of server reports a value under; the first present wins.
 struct Names {

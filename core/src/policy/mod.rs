@@ -1,33 +1,22 @@
 //! The routing decision: which pod gets a request, and why.
 //!
 //! A decision is a value (pod + [`Reason`]) so that metrics, the debug response header and the
-//! tests all speak about the same thing. The default policy, [`Policy::Prefix`], weighs cache
-//! affinity against load:
+//! tests all speak about the same thing. [`decide`] takes it in steps, whatever the policy:
 //!
-//! - Only healthy pods are candidates. If none is known healthy, every pod is, by load alone
-//!   (`Fallback`): affinity could keep sending a prefix to a dead owner.
-//! - Imbalance guard (after SGLang's cache-aware policy): when the busiest candidate's load
-//!   exceeds the idlest's by more than `imbalance_abs` *and* by a factor `imbalance_ratio`,
-//!   only pods within `imbalance_abs` of the idlest may take the request: an owner among them
-//!   if there is one (a block can have several owners), else the least-loaded pod (`Imbalanced`).
-//! - Otherwise each pod scores `prefix × matched/total blocks − load`, where a pod's match is
-//!   the deepest block of the prompt's leading chain it owns (hashes are chained, so owning
-//!   block *i* means it computed blocks 0..=i). Ties go to the rendezvous order of the first
-//!   block.
-//! - A cold prompt (no block owned) goes to the first pod in the rendezvous order of its
-//!   first block among the idlest (within `cold_slack`), so router replicas that see the same
-//!   loads agree without shared state. If a pod is still computing that block for an earlier
-//!   request, the prompt follows it only while it is among those idlest pods: the request
-//!   misses either way, and an idle pod that takes it becomes one more owner.
-//! - A prompt shorter than one block goes to the least-loaded pod (rotating among equals).
-//!
-//! [`Policy::Cost`] predicts each pod's time to first token in seconds instead (see
-//! `policy::cost`). `round_robin`, `random` and `least_loaded` exist for side-by-side comparison.
+//! 1. the candidates: the healthy pods, or every pod by load alone when none is known healthy
+//!    (`Fallback`: affinity could keep sending a prefix to a dead owner);
+//! 2. the baselines (`round_robin`, `random`, `least_loaded`: [`baseline`]) choose there;
+//! 3. a prompt shorter than one block goes to the least-loaded pod (`ShortPrompt`);
+//! 4. each candidate's match: the deepest probed block of the prompt's leading chain it owns;
+//! 5. the policy weighs matches against load: [`prefix`] (the default) or [`cost`];
+//! 6. the other healthy pods are ranked as fallbacks.
 
-mod cost;
+pub mod baseline;
+pub mod cost;
+pub mod prefix;
 
 use crate::block::BlockHash;
-use crate::cost::{CostPrior, PodCosts};
+use crate::pod_costs::{CostPrior, PodCosts};
 use crate::table::WAYS;
 use serde::Deserialize;
 use xxhash_rust::xxh3::xxh3_64_with_seed;
@@ -329,83 +318,114 @@ pub fn decide<S: AsRef<str>>(
     })
 }
 
-/// The choice itself; fills `matched` (per pod, leading blocks it owns) when it looks them up.
+/// The choice itself, step by step; fills `matched` (per pod, leading blocks it owns) when it
+/// looks them up.
 fn choose<S: AsRef<str>>(
     input: &Inputs<'_, S>,
-    mut owners: impl FnMut(BlockHash) -> Owners,
+    owners: impl FnMut(BlockHash) -> Owners,
     matched: &mut [usize],
 ) -> Option<(usize, Reason)> {
-    let n = input.pods.len();
-    if n == 0 {
-        return None;
+    let cands = Candidates::of(input)?;
+    if let Some(chosen) = baseline::choose(input, &cands) {
+        return Some(chosen);
     }
-    let load_of = |i: usize| {
-        let l = input.loads.get(i).copied().unwrap_or_default();
-        (l.healthy, input.weights.load(&l))
+    if cands.none_healthy {
+        // Nothing is known to work: spread over every pod rather than follow affinity to an
+        // owner that may be dead (it would get all of its prefix's traffic, every request
+        // failing, until it came back).
+        return Some((cands.least_loaded(), Reason::Fallback));
+    }
+    let Some(&first) = input.hashes.first() else {
+        return Some((cands.least_loaded(), Reason::ShortPrompt));
     };
-    let mut candidates: Vec<usize> = (0..n).filter(|&i| load_of(i).0).collect();
-    let none_healthy = candidates.is_empty();
-    if none_healthy {
-        candidates = (0..n).collect();
+    lookup_matches(input, &cands, owners, matched);
+    Some(match input.policy {
+        Policy::Cost => cost::choose(input, &cands.pods, matched, first),
+        _ => prefix::choose(input, &cands, matched, first),
+    })
+}
+
+/// The pods a request may go to (step 1), with their loads as the weights count them.
+pub struct Candidates<'a, S: AsRef<str>> {
+    input: &'a Inputs<'a, S>,
+    /// Pod indices, in pod order.
+    pub pods: Vec<usize>,
+    /// No pod is known healthy: these are all the pods.
+    pub none_healthy: bool,
+}
+
+impl<'a, S: AsRef<str>> Candidates<'a, S> {
+    /// The healthy pods, else every pod; `None` without pods.
+    fn of(input: &'a Inputs<'a, S>) -> Option<Self> {
+        let n = input.pods.len();
+        if n == 0 {
+            return None;
+        }
+        let healthy = |i: &usize| input.loads.get(*i).is_none_or(|l| l.healthy);
+        let pods: Vec<usize> = (0..n).filter(healthy).collect();
+        let none_healthy = pods.is_empty();
+        let pods = if none_healthy { (0..n).collect() } else { pods };
+        Some(Candidates {
+            input,
+            pods,
+            none_healthy,
+        })
     }
-    let load = |i: usize| load_of(i).1;
-    // least loaded, rotating the starting point so equals share the work
-    let least_loaded = |cands: &[usize]| -> usize {
-        let k = cands.len();
-        let start = (input.counter % k as u64) as usize;
-        let mut best = cands[start];
+
+    /// Pod `i`'s load, as the weights count it.
+    pub fn load(&self, i: usize) -> f64 {
+        let l = self.input.loads.get(i).copied().unwrap_or_default();
+        self.input.weights.load(&l)
+    }
+
+    /// The least loaded, rotating the starting point so that equals share the work.
+    pub fn least_loaded(&self) -> usize {
+        let k = self.pods.len();
+        let start = (self.input.counter % k as u64) as usize;
+        let mut best = self.pods[start];
         for j in 1..k {
-            let c = cands[(start + j) % k];
-            if load(c) < load(best) {
+            let c = self.pods[(start + j) % k];
+            if self.load(c) < self.load(best) {
                 best = c;
             }
         }
         best
-    };
-    let pick = |pod: usize, reason: Reason| Some((pod, reason));
-    match input.policy {
-        Policy::RoundRobin => {
-            return pick(
-                candidates[(input.counter % candidates.len() as u64) as usize],
-                Reason::RoundRobin,
-            )
-        }
-        Policy::Random => {
-            return pick(
-                candidates[(input.random % candidates.len() as u64) as usize],
-                Reason::Random,
-            )
-        }
-        Policy::LeastLoaded => return pick(least_loaded(&candidates), Reason::LeastLoaded),
-        Policy::Prefix | Policy::Cost => {}
     }
-    if none_healthy {
-        // Nothing is known to work: spread over every pod rather than follow affinity to an
-        // owner that may be dead (it would get all of its prefix's traffic, every request
-        // failing, until it came back).
-        return pick(least_loaded(&candidates), Reason::Fallback);
-    }
-    let Some(&first) = input.hashes.first() else {
-        return pick(least_loaded(&candidates), Reason::ShortPrompt);
-    };
 
-    let w = input.weights;
-    let (min_load, max_load) = candidates
-        .iter()
-        .fold((f64::MAX, f64::MIN), |(lo, hi), &c| {
-            (lo.min(load(c)), hi.max(load(c)))
+    /// The smallest and largest load among them.
+    pub fn load_range(&self) -> (f64, f64) {
+        self.pods.iter().fold((f64::MAX, f64::MIN), |(lo, hi), &c| {
+            (lo.min(self.load(c)), hi.max(self.load(c)))
+        })
+    }
+
+    /// Them in the rendezvous order of `first`: ties and cold prompts resolve identically on
+    /// every router.
+    pub fn rendezvous_order(&self, first: BlockHash) -> Vec<usize> {
+        let mut order = self.pods.clone();
+        order.sort_by_key(|&c| {
+            std::cmp::Reverse(rendezvous_key(self.input.pods[c].as_ref(), first))
         });
-    let imbalanced =
-        max_load - min_load > w.imbalance_abs && max_load > w.imbalance_ratio * min_load;
+        order
+    }
+}
 
-    // per-pod match: the deepest probed block of the leading chain that the pod owns
+/// Step 4: per candidate, the deepest probed block of the prompt's leading chain it owns
+/// (hashes are chained, so owning block *i* means having computed blocks 0..=i); the probing
+/// stops at the first block no candidate owns.
+fn lookup_matches<S: AsRef<str>>(
+    input: &Inputs<'_, S>,
+    cands: &Candidates<'_, S>,
+    mut owners: impl FnMut(BlockHash) -> Owners,
+    matched: &mut [usize],
+) {
     for i in probe_positions(input.hashes.len()) {
         let Some(&h) = input.hashes.get(i) else {
             break;
         };
         let mut owned = false;
         for p in owners(h).into_iter().flatten() {
-            if candidates.contains(&p) {
+            if cands.pods.contains(&p) {
                 matched[p] = i + 1;
                 owned = true;
             }
@@ -413,63 +433,6 @@ fn choose<S: AsRef<str>>(
         if !owned {
             break;
         }
-    }
-    if input.policy == Policy::Cost {
-        return Some(cost::choose(input, &candidates, matched, first));
-    }
-    if imbalanced {
-        // Affinity only among pods that are not overloaded: a second warm owner takes the
-        // request if there is one, else the least-loaded pod (a miss, which then becomes an
-        // owner too).
-        let warm = candidates
-            .iter()
-            .copied()
-            .filter(|&c| matched[c] > 0 && load(c) <= min_load + w.imbalance_abs)
-            .max_by(|&a, &b| {
-                matched[a]
-                    .cmp(&matched[b])
-                    .then(load(b).total_cmp(&load(a)))
-            });
-        return match warm {
-            Some(p) => pick(p, Reason::PrefixHit { blocks: matched[p] }),
-            None => pick(least_loaded(&candidates), Reason::Imbalanced),
-        };
-    }
-    // candidates in rendezvous order: ties and cold prompts resolve identically everywhere
-    let mut order = candidates.clone();
-    order.sort_by_key(|&c| std::cmp::Reverse(rendezvous_key(input.pods[c].as_ref(), first)));
-
-    if matched.iter().all(|&m| m == 0) {
-        let following = input
-            .computing
-            .filter(|&p| candidates.contains(&p) && load(p) <= min_load + w.cold_slack);
-        let pod = following
-            .or_else(|| {
-                order
-                    .iter()
-                    .copied()
-                    .find(|&c| load(c) <= min_load + w.cold_slack)
-            })
-            .unwrap_or(order[0]);
-        return pick(pod, Reason::Cold);
-    }
-    let total = input.hashes.len() as f64;
-    let score = |c: usize| w.prefix * matched[c] as f64 / total - load(c);
-    let mut best = order[0];
-    for &c in &order[1..] {
-        if score(c) > score(best) {
-            best = c;
-        }
-    }
-    if matched[best] > 0 {
-        pick(
-            best,
-            Reason::PrefixHit {
-                blocks: matched[best],
-            },
-        )
-    } else {
-        pick(best, Reason::Imbalanced)
     }
 }
 
