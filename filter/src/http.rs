@@ -142,10 +142,13 @@ impl<H: Host> RouterHttp<H> {
         };
         self.use_model(&models, model);
         let host = &*self.host;
-        // a continued response's history is on the pod that stored it, not in this body
-        let routed = match known && req.previous_response.is_none() {
-            true => model.router.route_request(host, &req),
-            false => Ok(model.router.by_load(host, 0)),
+        let routed = if !known {
+            Ok(model.router.by_load(host, 0, Reason::Fallback))
+        } else if req.previous_response.is_some() {
+            // a continued response's history is on the pod that stored it, not in this body
+            Ok(model.router.by_load(host, 0, Reason::Passthrough))
+        } else {
+            model.router.route_request(host, &req)
         };
         match routed {
             // no members at all: nothing to choose from; Envoy balances it (or answers 503)

@@ -954,7 +954,8 @@ mod tests {
             Some(json!({"model": "a", "input": "and then?", "previous_response_id": "resp_1"})),
         );
         assert!(dest.is_some() && sent.is_none());
-        assert_eq!(host.metric("prefix_router_decisions.fallback.a"), 1);
+        assert_eq!(host.metric("prefix_router_decisions.passthrough.a"), 1);
+        assert_eq!(host.metric("prefix_router_decisions.fallback.a"), 0);
     }
 
     #[test]

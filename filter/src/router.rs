@@ -388,11 +388,12 @@ impl Router {
         self.route_request(store, &prefix_core::request::parse_request(endpoint, body)?)
     }
 
-    /// A request balanced by load alone (reason `fallback`), for the model at index `model`
-    /// of [`Placement::model`]: when the prompt cannot be read here, or the model is not one
-    /// the filter knows. `None` when there are no members at all.
-    pub fn by_load<S: Store>(&self, store: &S, model: usize) -> Option<Routed> {
-        self.plain(store, Reason::Fallback).map(|placed| Routed {
+    /// A request balanced by load alone, for the model at index `model` of
+    /// [`Placement::model`]: `fallback` when the prompt cannot be read here or the model is
+    /// not one the filter knows, `passthrough` when the body holds nothing to route by (a
+    /// continued response). `None` when there are no members at all.
+    pub fn by_load<S: Store>(&self, store: &S, model: usize, reason: Reason) -> Option<Routed> {
+        self.plain(store, reason).map(|placed| Routed {
             placed: Placement { model, ..placed },
             table: RecordStats::default(),
             prefix_hash: None,
@@ -418,7 +419,7 @@ impl Router {
             .as_ref()
             .and_then(|m| self.config.adapters.iter().position(|a| a == m))
             .map_or(0, |i| i + 1);
-        let fallback = |this: &Self| this.by_load(store, model);
+        let fallback = |this: &Self| this.by_load(store, model, Reason::Fallback);
         let Some(bundle) = self.bundle.get() else {
             return Ok(fallback(self));
         };
