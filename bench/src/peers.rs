@@ -79,11 +79,10 @@ impl Front {
     }
 }
 
-/// Every front of a full comparison: the filter's four policies, both peers' cache-aware
+/// Every front of a full comparison: the filter's policies (`prefix` and the three baselines), both peers' cache-aware
 /// policy, and SGLang's round robin as the proxies' check.
-pub const FRONTS: [Front; 8] = [
+pub const FRONTS: [Front; 7] = [
     Front::Envoy("prefix"),
-    Front::Envoy("cost"),
     Front::Envoy("round_robin"),
     Front::Envoy("random"),
     Front::Envoy("least_loaded"),

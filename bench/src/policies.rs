@@ -21,9 +21,14 @@ pub const SATURATED: &str = "shared-prefix-saturated";
 /// The same, with a few hot groups that every pod's cache could hold.
 pub const HOT_SATURATED: &str = "hot-groups-saturated";
 
-/// The two closed-loop situations again, generated and sent by inference-perf.
+/// Long shared prefixes (4k–8k tokens) with longer questions, and caches that hold only a
+/// part of the working set: where a cold prefill costs more than queueing behind an owner.
+pub const LONG_SATURATED: &str = "long-prefix-saturated";
+
+/// The closed-loop situations again, generated and sent by inference-perf.
 pub const IP_MANY_GROUPS: &str = "ip-many-groups";
 pub const IP_HOT_GROUPS: &str = "ip-hot-groups";
+pub const IP_LONG_PREFIX: &str = "ip-long-prefix";
 
 /// A closed-loop run: a shared-prefix trace sent by a fixed number of clients back to back.
 /// With more tenants than one pod's cache holds (while the fleet's caches together hold them
@@ -40,6 +45,9 @@ pub struct Saturation {
     pub requests: usize,
     /// each pod's prefix-cache capacity, in blocks
     pub cache_blocks: usize,
+    /// shared contexts' and questions' lengths in words (`None`: the trace's own)
+    pub context_words: Option<(usize, usize)>,
+    pub question_words: Option<(usize, usize)>,
 }
 
 /// The sim engine's cost model for the benchmark (printed with the results).
@@ -68,8 +76,10 @@ impl SimCosts {
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct PolicyRun {
+    /// which of the `--repeat` runs (1-based; 0 for the medians of [`crate::repeats`])
+    pub run: usize,
     pub workload: &'static str,
     pub policy: &'static str,
     pub requests: usize,
@@ -297,6 +307,7 @@ pub fn run_one(
     let max = per_pod.iter().copied().fold(0.0, f64::max);
     let hit_rate = hits / queries.max(1.0);
     Ok(PolicyRun {
+        run: 1,
         workload: name,
         policy,
         requests: m.requests,
@@ -328,9 +339,8 @@ pub fn run_one(
     })
 }
 
-/// Every workload × front; traces saved under `out`. With `saturate` (and the shared-prefix
-/// workload selected), also each closed-loop run per front; then each inference-perf
-/// workload of `external` per front.
+/// Every workload × front; traces saved under `out`. Then each closed-loop run of
+/// `saturate` per front, then each inference-perf workload of `external` per front.
 #[allow(clippy::too_many_arguments)]
 pub fn run_all(
     bundle: &ModelBundle,
@@ -343,11 +353,6 @@ pub fn run_all(
     external: &[IpWorkload],
     out: &Path,
 ) -> anyhow::Result<Vec<PolicyRun>> {
-    let saturate: &[Saturation] = if workloads.contains(&Workload::SharedPrefix) {
-        saturate
-    } else {
-        &[]
-    };
     let total = fronts.len()
         * (workloads.len() * params.requests
             + saturate.iter().map(|s| s.requests).sum::<usize>()
@@ -380,6 +385,8 @@ pub fn run_all(
         let sat_params = TraceParams {
             tenants: s.tenants,
             requests: s.requests,
+            context_words: s.context_words.unwrap_or(params.context_words),
+            question_words: s.question_words.unwrap_or(params.question_words),
             ..*params
         };
         let trace = generate(Workload::SharedPrefix, &sat_params);

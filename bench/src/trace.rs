@@ -56,6 +56,8 @@ pub struct TraceParams {
     pub tenants: u32,
     /// shared context length range in words (≈ 1.2 tokens each)
     pub context_words: (usize, usize),
+    /// each request's own question length range in words
+    pub question_words: (usize, usize),
     pub max_tokens: u32,
 }
 
@@ -171,7 +173,7 @@ pub fn generate(w: Workload, p: &TraceParams) -> Vec<TraceRequest> {
         .collect();
     for i in 0..p.requests {
         t += rng.exp_ms(p.rate);
-        let qlen = rng.range(8, 24);
+        let qlen = rng.range(p.question_words.0, p.question_words.1);
         let question = format!("Question {i}: {}?", words(&mut rng, qlen));
         let (path, body, group) = match w {
             Workload::SharedPrefix | Workload::HotTenant => {
@@ -245,6 +247,7 @@ mod tests {
             rate: 10.0,
             tenants: 4,
             context_words: (100, 200),
+            question_words: (8, 24),
             max_tokens: 8,
         };
         for w in Workload::ALL {

@@ -89,6 +89,7 @@ pub fn run(requests: usize, concurrency: usize, dir: &Path) -> anyhow::Result<Ve
             rate: 100.0,
             tenants: 12,
             context_words: (300, 700),
+            question_words: (8, 24),
             max_tokens: 8,
         },
     );

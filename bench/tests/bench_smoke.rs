@@ -20,6 +20,7 @@ fn policy_bench_smoke() {
         rate: 20.0,
         tenants: 2,
         context_words: (150, 300),
+        question_words: (8, 24),
         max_tokens: 4,
     };
     let costs = SimCosts {
@@ -46,6 +47,9 @@ fn policy_bench_smoke() {
             tenants: 3,
             requests: params.requests,
             cache_blocks: 64,
+            // the long-prefix shape: its own context and question lengths
+            context_words: Some((400, 600)),
+            question_words: Some((40, 60)),
         }],
         &[IpWorkload {
             name: "ip-tiny",

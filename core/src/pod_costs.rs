@@ -1,10 +1,10 @@
-//! What a request costs on each pod, learned online from what the pods report: the input of
-//! the `cost` policy ([`crate::policy::Policy::Cost`]).
+//! What a request costs on each pod, learned online from what the pods report: what policy
+//! `prefix` weighs a spill with, and when the filter counts a routed prompt's blocks as held.
 //!
-//! Weighing "requests in flight" against "blocks matched" in fixed units (the `prefix`
-//! policy) cannot know that a cold 4k-token prefill costs as much as forty warm requests on one
-//! fleet and as little as one on another. The cost policy predicts each candidate's time to
-//! first token in seconds instead, from four numbers per pod:
+//! Weighing "requests in flight" against "blocks matched" in fixed units cannot know that a
+//! cold 4k-token prefill costs as much as forty warm requests on one fleet and as little as
+//! one on another. So a spill away from a prefix's owner is checked in seconds, from four
+//! numbers per pod:
 //!
 //! - `per_token_s` and `base_s`: prefill time ≈ `base_s` + `per_token_s` × tokens computed
 //!   (prompt tokens the pod's cache did not hold);

@@ -104,13 +104,14 @@ pub struct RouterConfig {
     /// Entries in the ownership table (four per shared-data key; memory stays bounded).
     #[serde(default = "default_table_capacity")]
     pub table_capacity: u64,
-    /// `prefix` (default), `cost`, `round_robin`, `random` or `least_loaded`.
+    /// `prefix` (default), `round_robin`, `random` or `least_loaded`.
     #[serde(default)]
     pub policy: Policy,
     /// Weights of the prefix policy.
     #[serde(default)]
     pub weights: Weights,
-    /// Policy `cost`: what a pod is assumed to cost until it reports its own counters.
+    /// What a pod is assumed to cost until it reports its own counters (weighs a spill, and
+    /// when a routed prompt's blocks count as the pod's).
     #[serde(default)]
     pub cost: CostPrior,
     /// How often pods are polled for health, load and cache events (0 disables polling).
@@ -532,6 +533,9 @@ mod tests {
         assert_eq!(c.policy, Policy::LeastLoaded);
         assert_eq!(c.weights.prefix, 3.0);
         assert_eq!(c.weights.inflight, 1.0);
+        // `cost`, a policy of its own until it was folded into `prefix`, still reads
+        let c = RouterConfig::parse(br#"{"pods":["127.0.0.1:1"],"policy":"cost"}"#).unwrap();
+        assert_eq!(c.policy, Policy::Prefix);
         let t = RouterConfig::parse(br#"{"pods":["1.2.3.4:5"],"tokenizer":{"cluster":"assets"}}"#)
             .unwrap()
             .tokenizer

@@ -9,7 +9,7 @@
 //! one compare-and-swap write updates it — the ways are always consistent with each other.
 //! A new entry takes the way already holding the same (block, pod), else an empty way, else
 //! replaces the *oldest* entry. So a block can have up to four owners at once (a hot prefix
-//! replicated over the pods its load needs: policy `cost`), and a fifth replaces the oldest.
+//! spilled over the pods its load needs), and a fifth replaces the oldest.
 //! Entries carry the block hash itself, so a way that now holds another block is simply a
 //! miss.
 //!

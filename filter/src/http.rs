@@ -41,8 +41,6 @@ pub struct RouterHttp<H: Host> {
     read_short: Option<String>,
     /// this request holds an in-flight slot on the chosen pod
     counted: bool,
-    /// this request counts toward its prefix's demand (policy `cost`)
-    demand_key: Option<prefix_core::BlockHash>,
     /// blocks recorded as the chosen pod's from its predicted prefill end, to settle when its
     /// answer starts sooner
     pending: Option<Pending>,
@@ -64,7 +62,6 @@ impl<H: Host> RouterHttp<H> {
             prefix_hash: None,
             read_short: None,
             counted: false,
-            demand_key: None,
             pending: None,
             served_by: None,
             done: false,
@@ -165,7 +162,6 @@ impl<H: Host> RouterHttp<H> {
                     self.read_short = Some(format!("{read}/{total}"));
                 }
                 self.counted = routed.counted;
-                self.demand_key = routed.demand_key;
                 self.pending = routed.pending;
                 self.set_destination(routed.placed);
                 Action::Continue
@@ -350,9 +346,6 @@ impl<H: Host> RouterHttp<H> {
         };
         if std::mem::take(&mut self.counted) {
             router.release(&*self.host, placed);
-        }
-        if let Some(key) = self.demand_key.take() {
-            router.release_demand(key);
         }
         let chosen = placed.pod();
         let served = match self.served_by.take() {

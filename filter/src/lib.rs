@@ -26,7 +26,6 @@
 //!   cluster), and a decision placed on them.
 //! - [`ownership`]: the ownership table's reads and writes in shared data.
 //! - [`pods`]: pod states, in-flight counts and the poller lease in shared data;
-//!   [`demand`]: requests in flight per prefix (policy `cost`).
 //! - [`poller`]: polling Envoy for the pods cluster's members and each pod for health, load
 //!   and cache events, and applying the answers.
 //! - [`metrics`]: the filter's Envoy stats.
@@ -35,7 +34,6 @@
 //! The decisions themselves (policy, liveness rules, table layout, wire types) are pure code
 //! in `prefix_core`.
 
-pub mod demand;
 pub mod host;
 pub mod http;
 pub mod members;

@@ -3,7 +3,6 @@
 //! The filter's contexts only move bytes and headers; everything that decides lives here and
 //! in `prefix-core`, and is unit-tested against a fake host.
 
-use crate::demand::Demand;
 use crate::host::Store;
 use crate::members::{read_slots, Members, Placement};
 use crate::ownership::{OwnershipTable, RecordStats};
@@ -46,8 +45,6 @@ pub struct Router {
     /// response writes them (and bump the version), so most requests read one key instead
     /// of one per pod.
     states: RefCell<Option<SeenStates>>,
-    /// This VM's requests in flight per prefix (policy `cost`).
-    demand: Demand,
     /// The header the filter's own calls to pods carry (`pod_credentials`), resolved from
     /// Envoy's environment when the VM starts; never logged.
     pub pod_auth: Option<(String, String)>,
@@ -107,9 +104,6 @@ pub struct Routed {
     /// deep as they are owned (µs); the rest of the routing time is the decision and the
     /// shared-data writes.
     pub prepare_us: u64,
-    /// The prefix (first block) this request is counted under in the per-prefix demand
-    /// (policy `cost`); release it with [`Router::release_demand`].
-    pub demand_key: Option<BlockHash>,
     /// Blocks recorded as the chosen pod's from a predicted time: [`Router::settle`] them when
     /// its answer starts, if that comes sooner.
     pub pending: Option<Pending>,
@@ -156,7 +150,6 @@ impl Router {
             members_key: keys.members(fleet),
             configured: Slots::from_list(&config.pods),
             states: RefCell::new(None),
-            demand: Demand::default(),
             pod_auth: None,
             keys,
             config,
@@ -276,7 +269,6 @@ impl Router {
         table: &OwnershipTable<'_, S>,
         policy: Policy,
         prompt: &PromptView<'_>,
-        demand: u32,
         now: u64,
         fleet: &Fleet,
     ) -> Option<Decision> {
@@ -311,7 +303,6 @@ impl Router {
             hashes: prompt.hashes,
             prompt_tokens: prompt.tokens,
             block_size: self.config.block_size.get() as usize,
-            demand,
             counter: self.next_counter(),
             random: self.next_random(),
             computing,
@@ -368,7 +359,7 @@ impl Router {
     pub fn plain<S: Store>(&self, store: &S, reason: Reason) -> Option<Placement> {
         let fleet = self.fleet(store);
         let table = OwnershipTable::new(store, &self.layout);
-        let d = self.choose(&table, Policy::LeastLoaded, &PromptView::NONE, 1, 0, &fleet)?;
+        let d = self.choose(&table, Policy::LeastLoaded, &PromptView::NONE, 0, &fleet)?;
         Some(Placement {
             decision: Decision { reason, ..d },
             members: fleet.members,
@@ -400,7 +391,6 @@ impl Router {
             hashed_blocks: 0,
             counted: false,
             prepare_us: 0,
-            demand_key: None,
             pending: None,
             read_short: None,
         })
@@ -440,9 +430,6 @@ impl Router {
         let prompt_tokens = prompt.estimated_tokens();
         let hashes = prompt.hashes();
         let policy = self.config.policy;
-        let first = hashes.first().copied();
-        let demand_key = first.filter(|_| policy == Policy::Cost);
-        let demand = demand_key.map_or(1, |k| self.demand.estimate(k, fleet.inflight.total()));
         let Some(decision) = self.choose(
             &owners,
             policy,
@@ -451,7 +438,6 @@ impl Router {
                 tokens: prompt_tokens,
                 looked_up: &looked_up,
             },
-            demand,
             now,
             &fleet,
         ) else {
@@ -497,7 +483,6 @@ impl Router {
             .slot()
             .and_then(|s| fleet.inflight.add(store, &self.inflight_key, s, 1))
             .is_some();
-        let demand_key = demand_key.filter(|&k| self.demand.enter(k));
         Ok(Some(Routed {
             placed,
             table,
@@ -505,7 +490,6 @@ impl Router {
             hashed_blocks: hashes.len(),
             counted,
             prepare_us,
-            demand_key,
             pending,
             read_short: prompt.stopped_short(),
         }))
@@ -523,11 +507,6 @@ impl Router {
                 None,
             );
         }
-    }
-
-    /// The request's stream ended: it no longer counts toward its prefix's demand.
-    pub fn release_demand(&self, key: BlockHash) {
-        self.demand.leave(key);
     }
 
     /// The request's stream ended: release its in-flight count on the chosen pod's slot.

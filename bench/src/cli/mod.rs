@@ -124,13 +124,22 @@ pub struct Args {
     tenants: u32,
     #[arg(long, default_value_t = 42)]
     seed: u64,
-    /// Only these fronts, by their names in the tables (`prefix`, `cost`, `round_robin`,
+    /// Only these fronts, by their names in the tables (`prefix`, `round_robin`,
     /// `sglang-router cache_aware`, …; default: all).
     #[arg(long, value_delimiter = ',')]
     fronts: Vec<String>,
-    /// Only these workloads (default: all four).
+    /// Only these open-loop workloads (default: all four; the closed-loop runs replay
+    /// shared-prefix and are skipped when it is not among them).
     #[arg(long, value_enum, value_delimiter = ',')]
     workloads: Vec<Workload>,
+    /// Only the runs of these workloads, by their names in the tables, open or closed loop or
+    /// inference-perf (e.g. `long-prefix-saturated,ip-long-prefix`; default: all).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Runs of the whole comparison: the table shows each measure's median and range, and
+    /// the goals read the medians (this machine is noisy; never conclude from one run).
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
     /// Only these filter-overhead loads (default: all five, then the tokenizer families;
     /// naming loads skips the families), e.g. `--overhead-cases unique-2k` to compare builds
     /// of the filter quickly with `PREFIX_ROUTER_WASM`.

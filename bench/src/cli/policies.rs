@@ -5,10 +5,11 @@ use super::{Args, Summary};
 use crate::inference_perf::{self, IpWorkload};
 use crate::peers::{Front, FRONTS};
 use crate::policies::{
-    run_all, Saturation, SimCosts, HOT_SATURATED, IP_HOT_GROUPS, IP_MANY_GROUPS, SATURATED,
+    run_all, Saturation, SimCosts, HOT_SATURATED, IP_HOT_GROUPS, IP_LONG_PREFIX, IP_MANY_GROUPS,
+    LONG_SATURATED, SATURATED,
 };
 use crate::trace::{TraceParams, Workload};
-use crate::{plots, report};
+use crate::{plots, repeats, report};
 use prefix_core::model::ModelBundle;
 
 /// Runs it; what it measured, for the summary.
@@ -27,42 +28,76 @@ pub fn run(a: &Args, bundle: &ModelBundle) -> anyhow::Result<Summary> {
         tenants: a.tenants,
         // ≈ 1.2 tokens per word: 2k–6k-token shared contexts
         context_words: (1700, 5000),
+        question_words: (8, 24),
         max_tokens: 16,
     };
-    let workloads = if a.workloads.is_empty() {
+    let named = |name: &str| a.only.is_empty() || a.only.iter().any(|n| n == name);
+    let mut workloads = if a.workloads.is_empty() {
         Workload::ALL.to_vec()
     } else {
         a.workloads.clone()
     };
+    workloads.retain(|w| named(w.name()));
     // closed loop: as many clients as the fleet has sequence slots; 16 tenants with
     // 2k–6k-token contexts against 256-block (32k-token) pod caches, about 8 contexts each;
-    // then 4 tenants, which every pod's cache holds
+    // then 4 tenants, which every pod's cache holds; then 16 tenants with 4k–8k-token
+    // contexts and 240–480-token questions against 128-block (16k-token) caches, which hold
+    // two or three contexts each (a fifth of the working set)
     let sat_requests = a
         .saturated_requests
         .unwrap_or(if a.quick { 64 } else { 1000 });
-    let saturations = [(SATURATED, 16), (HOT_SATURATED, 4)].map(|(name, tenants)| Saturation {
-        name,
-        concurrency: a.pods * costs.max_num_seqs,
-        tenants,
-        requests: sat_requests,
-        cache_blocks: 256,
-    });
-    // the same two situations generated and sent by inference-perf: 32 groups of 2k-token
-    // system prompts (more than one pod's cache holds), and 4 groups (every pod's holds)
-    let external: Vec<IpWorkload> =
+    let mut saturations: Vec<Saturation> = [
+        (SATURATED, 16, 256, None, None),
+        (HOT_SATURATED, 4, 256, None, None),
+        (
+            LONG_SATURATED,
+            16,
+            128,
+            Some((3400, 6800)),
+            Some((200, 400)),
+        ),
+    ]
+    .map(
+        |(name, tenants, cache_blocks, context_words, question_words)| Saturation {
+            name,
+            concurrency: a.pods * costs.max_num_seqs,
+            tenants,
+            requests: sat_requests,
+            cache_blocks,
+            context_words,
+            question_words,
+        },
+    )
+    .to_vec();
+    // the closed-loop runs replay the shared-prefix shape: skipped when other open-loop
+    // workloads alone are asked for
+    if !a.workloads.is_empty() && !a.workloads.contains(&Workload::SharedPrefix) {
+        saturations.clear();
+    }
+    saturations.retain(|s| named(s.name));
+    // the same three situations generated and sent by inference-perf: 32 groups of 2k-token
+    // system prompts (more than one pod's cache holds), 4 groups (every pod's holds), and 16
+    // groups of 4k-token prompts with 256-token questions against 128-block caches
+    let mut external: Vec<IpWorkload> =
         if a.inference_perf.unwrap_or(!a.quick) && inference_perf::installed() {
-            [(IP_MANY_GROUPS, 32), (IP_HOT_GROUPS, 4)]
-                .map(|(name, groups)| IpWorkload {
+            [
+                (IP_MANY_GROUPS, 32, 2048, 64, 256),
+                (IP_HOT_GROUPS, 4, 2048, 64, 256),
+                (IP_LONG_PREFIX, 16, 4096, 256, 128),
+            ]
+            .map(
+                |(name, groups, system_prompt_len, question_len, cache_blocks)| IpWorkload {
                     name,
                     groups,
-                    system_prompt_len: 2048,
-                    question_len: 64,
+                    system_prompt_len,
+                    question_len,
                     output_len: 16,
                     requests: sat_requests,
                     concurrency: a.pods * costs.max_num_seqs,
-                    cache_blocks: 256,
-                })
-                .to_vec()
+                    cache_blocks,
+                },
+            )
+            .to_vec()
         } else {
             if a.inference_perf == Some(true) {
                 println!(
@@ -72,6 +107,7 @@ pub fn run(a: &Args, bundle: &ModelBundle) -> anyhow::Result<Summary> {
             }
             Vec::new()
         };
+    external.retain(|w| named(w.name));
     let with_peers = a.peers.unwrap_or(!a.quick);
     let fronts: Vec<Front> = FRONTS
         .iter()
@@ -101,23 +137,37 @@ pub fn run(a: &Args, bundle: &ModelBundle) -> anyhow::Result<Summary> {
         workloads.iter().map(|w| w.name()).collect::<Vec<_>>(),
         fronts.iter().map(|f| f.name()).collect::<Vec<_>>()
     );
-    let runs = run_all(
-        bundle,
-        &workloads,
-        &fronts,
-        &params,
-        a.pods,
-        &costs,
-        &saturations,
-        &external,
-        &a.out,
-    )?;
-    print!("{}", report::table(&runs));
-    let goals = report::goals(&runs) + &report::peer_goals(&runs);
+    let mut runs = Vec::new();
+    for run in 1..=a.repeat.max(1) {
+        if a.repeat > 1 {
+            println!("-- run {run} of {}", a.repeat);
+        }
+        let mut these = run_all(
+            bundle,
+            &workloads,
+            &fronts,
+            &params,
+            a.pods,
+            &costs,
+            &saturations,
+            &external,
+            &a.out,
+        )?;
+        these.iter_mut().for_each(|r| r.run = run);
+        print!("{}", report::table(&these));
+        runs.extend(these);
+    }
+    // the goals read the medians over the runs (a single run's own figures when not repeated)
+    let medians = repeats::medians(&runs);
+    if a.repeat > 1 {
+        println!("medians over {} runs [range]:", a.repeat);
+        print!("{}", repeats::table(&runs));
+    }
+    let goals = report::goals(&medians) + &report::peer_goals(&medians);
     print!("{goals}");
     report::write_csv(&runs, &a.out.join("results.csv"))?;
-    let files = plots::write_all(&runs, &a.out)?;
+    let files = plots::write_all(&medians, &a.out)?;
     println!("   plots: {}", files.join(", "));
-    out.insert("policies".into(), serde_json::json!({"sim_costs": costs, "trace": params, "pods": a.pods, "runs": runs, "goals": goals}));
+    out.insert("policies".into(), serde_json::json!({"sim_costs": costs, "trace": params, "pods": a.pods, "repeat": a.repeat, "runs": runs, "medians": medians, "goals": goals}));
     Ok(out)
 }

@@ -13,6 +13,6 @@ pub(super) fn choose<S: AsRef<str>>(
         Policy::RoundRobin => Some((cands.pods[(input.counter % k) as usize], Reason::RoundRobin)),
         Policy::Random => Some((cands.pods[(input.random % k) as usize], Reason::Random)),
         Policy::LeastLoaded => Some((cands.least_loaded(), Reason::LeastLoaded)),
-        Policy::Prefix | Policy::Cost => None,
+        Policy::Prefix => None,
     }
 }

@@ -8,11 +8,10 @@
 //! 2. the baselines (`round_robin`, `random`, `least_loaded`: [`baseline`]) choose there;
 //! 3. a prompt shorter than one block goes to the least-loaded pod (`ShortPrompt`);
 //! 4. each candidate's match: the deepest probed block of the prompt's leading chain it owns;
-//! 5. the policy weighs matches against load: [`prefix`] (the default) or [`cost`];
+//! 5. [`prefix`] weighs the matches against load, and a spill against what it costs;
 //! 6. the other healthy pods are ranked as fallbacks.
 
 pub mod baseline;
-pub mod cost;
 pub mod prefix;
 
 use crate::block::BlockHash;
@@ -39,11 +38,9 @@ pub enum Reason {
     Cold,
     /// The prompt has no full block: least loaded.
     ShortPrompt,
-    /// Load overrode cache affinity (imbalance guard, or a busy owner scored lower).
+    /// Load overrode cache affinity (imbalance guard, or a busy owner scored lower), and the
+    /// request is predicted to see its first token sooner on the colder pod.
     Imbalanced,
-    /// Policy `cost`: the prefix's owners are so busy that warming one more pod saves its
-    /// requests more queueing than the cold prefill costs.
-    Replicate,
     /// Nothing to reuse by prefix (`/v1/models`, embeddings, pooling, a continued
     /// response): least loaded in the request's model's pool.
     Passthrough,
@@ -143,10 +140,11 @@ impl Fallbacks {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Policy {
+    /// Cache affinity against load, spills weighed by their cost. `cost`, a policy of its own
+    /// until 2026-12 (it won no measured workload), is read as this one.
     #[default]
+    #[serde(alias = "cost")]
     Prefix,
-    /// Predicted time to first token from learned per-pod costs (`policy::cost`).
-    Cost,
     RoundRobin,
     Random,
     LeastLoaded,
@@ -218,6 +216,20 @@ impl Default for PodLoad {
     }
 }
 
+impl PodLoad {
+    /// Requests on the pod: this router's in flight, or what the pod last said it runs and
+    /// queues, whichever is more (other routers' requests count too).
+    pub fn outstanding(&self) -> u32 {
+        self.inflight.max(self.running.saturating_add(self.waiting))
+    }
+
+    /// Predicted time to first token of a request that finds `uncached` of its prompt's
+    /// tokens missing from the pod's cache: its wait for a slot, then their prefill.
+    pub fn predicted_ttft_s(&self, uncached: usize) -> f64 {
+        self.costs.wait_s(self.outstanding()) + self.costs.prefill_s(uncached)
+    }
+}
+
 impl Weights {
     pub fn load(&self, p: &PodLoad) -> f64 {
         self.inflight * f64::from(p.inflight)
@@ -267,12 +279,9 @@ pub struct Inputs<'a, S: AsRef<str>> {
     pub loads: &'a [PodLoad],
     pub hashes: &'a [BlockHash],
     /// The prompt's length in tokens, and the block size (what a pod holding `i` blocks still
-    /// computes: policy `cost`).
+    /// computes: the prefill a spill costs).
     pub prompt_tokens: usize,
     pub block_size: usize,
-    /// Requests sharing this prompt's first block now in flight, this one included (policy
-    /// `cost`: how many requests a replica of the prefix would serve).
-    pub demand: u32,
     /// A per-router counter for rotation (round-robin and tie-breaks).
     pub counter: u64,
     /// A random number for the `random` policy.
@@ -339,10 +348,7 @@ fn choose<S: AsRef<str>>(
         return Some((cands.least_loaded(), Reason::ShortPrompt));
     };
     lookup_matches(input, &cands, owners, matched);
-    Some(match input.policy {
-        Policy::Cost => cost::choose(input, &cands.pods, matched, first),
-        _ => prefix::choose(input, &cands, matched, first),
-    })
+    Some(prefix::choose(input, &cands, matched, first))
 }
 
 /// The pods a request may go to (step 1), with their loads as the weights count them.
@@ -492,7 +498,6 @@ mod tests {
             hashes,
             prompt_tokens: hashes.len() * 4,
             block_size: 4,
-            demand: 1,
             counter,
             random: 7,
             computing,
@@ -539,7 +544,6 @@ mod tests {
             hashes: &hashes,
             prompt_tokens: 80,
             block_size: 4,
-            demand: 1,
             counter: 0,
             random: 0,
             computing: None,
@@ -713,7 +717,6 @@ mod tests {
             hashes: &[key],
             prompt_tokens: 4,
             block_size: 4,
-            demand: 1,
             counter: 0,
             random: 0,
             computing: None,
@@ -721,6 +724,93 @@ mod tests {
         assert_eq!(decide(&input, |_| [None; WAYS]).map(|d| d.pod), Some(0));
         // 9 − 0 > 8 and 9 > 2×0: the imbalance guard moves it whatever the slack
         assert_ne!(run(Policy::Prefix, &busy([9, 0, 0]), &[key], &[], 0).pod, 0);
+    }
+
+    /// Pod 0 owns the whole prompt (`blocks` of 128 tokens) with `outstanding` requests on
+    /// it; pods 1 and 2 hold none and have `others` each. Costs: the prior (5 ms + 100 µs per
+    /// token prefill, a request holds one of 4 slots for 100 ms), with every pod's learned
+    /// per-token cost `per_token_us` µs when given.
+    fn spill(blocks: u64, outstanding: u32, others: u32, per_token_us: Option<f64>) -> Decision {
+        let mut loads = busy([outstanding, others, others]);
+        if let Some(us) = per_token_us {
+            for l in &mut loads {
+                l.costs.per_token_s = us / 1e6;
+            }
+        }
+        let hashes: Vec<BlockHash> = (1..=blocks).map(h).collect();
+        let w = Weights::default();
+        let input = Inputs {
+            policy: Policy::Prefix,
+            weights: &w,
+            pods: &PODS,
+            loads: &loads,
+            hashes: &hashes,
+            prompt_tokens: blocks as usize * 128 + 40,
+            block_size: 128,
+            counter: 0,
+            random: 0,
+            computing: None,
+        };
+        decide(&input, |_| [Some(0), None, None, None]).unwrap()
+    }
+
+    #[test]
+    fn a_spill_must_pay_for_itself() {
+        // 32 blocks (4,136 tokens): cold, 5 + 413.6 = 418.6 ms on an idle pod; the owner with
+        // 12 on it waits ⌈12 + 1 − 4⌉ × 100/4 = 225 ms, then prefills the 40-token tail: 234
+        // ms. The imbalance guard (12 − 0 > 8, 12 > 2 × 0) would spill; the cost keeps it.
+        let d = spill(32, 12, 0, None);
+        assert_eq!((d.pod, d.reason), (0, Reason::PrefixHit { blocks: 32 }));
+        // with 20 on the owner, 425 + 9 ms > 418.6: the spill pays
+        let d = spill(32, 20, 0, None);
+        assert_eq!(d.reason, Reason::Imbalanced);
+        assert_ne!(d.pod, 0);
+        // one block (168 tokens): a cold prefill of 21.8 ms beats any queue
+        let d = spill(1, 12, 0, None);
+        assert_eq!(d.reason, Reason::Imbalanced);
+        // learned costs decide, not the prompt's length alone: where prefill costs 10 µs a
+        // token, the 4k-token cold prefill (46 ms) beats the owner's 225 ms queue
+        let d = spill(32, 12, 0, Some(10.0));
+        assert_eq!(d.reason, Reason::Imbalanced);
+        // load outscoring affinity (not the guard: 21 < 2 × 12): the owner waits 450 ms, a
+        // colder pod 225 + 418.6: the owner keeps it; with a 1-block prompt it spills
+        let d = spill(32, 21, 12, None);
+        assert_eq!((d.pod, d.reason), (0, Reason::PrefixHit { blocks: 32 }));
+        assert_eq!(spill(1, 21, 12, None).reason, Reason::Imbalanced);
+        // an unhealthy owner is never kept, whatever it saves
+        let mut loads = busy([0, 0, 0]);
+        loads[0].healthy = false;
+        let hashes: Vec<BlockHash> = (1..=32).map(h).collect();
+        let w = Weights::default();
+        let input = Inputs {
+            policy: Policy::Prefix,
+            weights: &w,
+            pods: &PODS,
+            loads: &loads,
+            hashes: &hashes,
+            prompt_tokens: 4136,
+            block_size: 128,
+            counter: 0,
+            random: 0,
+            computing: None,
+        };
+        let d = decide(&input, |_| [Some(0), None, None, None]).unwrap();
+        assert_ne!(d.pod, 0);
+    }
+
+    #[test]
+    fn predicted_ttft_is_the_wait_then_the_uncached_prefill() {
+        let mut l = PodLoad {
+            inflight: 2,
+            running: 4,
+            waiting: 3,
+            ..PodLoad::default()
+        };
+        // the pod's own count (7) is more than this router's (2): ⌈7 + 1 − 4⌉ × 25 ms
+        assert!((l.predicted_ttft_s(1000) - (0.1 + 0.005 + 0.1)).abs() < 1e-9);
+        l.inflight = 9;
+        assert_eq!(l.outstanding(), 9);
+        assert!((l.predicted_ttft_s(0) - (6.0 * 0.025 + 0.005)).abs() < 1e-9);
     }
 
     #[test]
@@ -813,7 +903,6 @@ mod tests {
             hashes: &[],
             prompt_tokens: 0,
             block_size: 4,
-            demand: 1,
             counter: 0,
             random: 0,
             computing: None,
@@ -869,7 +958,6 @@ mod tests {
                 "cold",
                 "short-prompt",
                 "imbalanced",
-                "replicate",
                 "passthrough",
                 "fallback",
                 "round-robin",

@@ -12,6 +12,15 @@
 //!   loads agree without shared state. If a pod is still computing that block for an earlier
 //!   request, the prompt follows it only while it is among those idlest pods: the request
 //!   misses either way, and an idle pod that takes it becomes one more owner.
+//! - **What a spill costs.** Whenever the steps above would send the request to a pod that
+//!   holds less of the prompt than some owner does (the guard, or load outscoring affinity),
+//!   the spill must also be predicted faster *for this request*: its time to first token
+//!   there (wait for a slot + prefill of the tokens that pod lacks) against the best deeper
+//!   owner's (its queue × its service time + the rest it computes), from the pods' learned
+//!   costs ([`crate::pod_costs`]). Otherwise the owner keeps it. Fixed weights cannot tell a
+//!   128-token prefix, cheaper to compute again than to queue for, from a 4k-token one whose
+//!   cold prefill costs more than waiting behind several requests (measured: TTFT p90 1.65×
+//!   vllm-router's on 4k-token prefixes before this step).
 
 use super::{Candidates, Inputs, Reason};
 use crate::block::BlockHash;
@@ -27,7 +36,8 @@ pub(super) fn choose<S: AsRef<str>>(
     let imbalanced =
         max_load - min_load > w.imbalance_abs && max_load > w.imbalance_ratio * min_load;
     if imbalanced {
-        return guarded(cands, matched, min_load + w.imbalance_abs);
+        let (pod, reason) = guarded(cands, matched, min_load + w.imbalance_abs);
+        return worth_the_spill(input, cands, matched, pod).unwrap_or((pod, reason));
     }
     let order = cands.rendezvous_order(first);
     if matched.iter().all(|&m| m == 0) {
@@ -41,10 +51,44 @@ pub(super) fn choose<S: AsRef<str>>(
             best = c;
         }
     }
+    if let Some(owner) = worth_the_spill(input, cands, matched, best) {
+        return owner;
+    }
     match matched[best] {
         0 => (best, Reason::Imbalanced),
         blocks => (best, Reason::PrefixHit { blocks }),
     }
+}
+
+/// The last step: `spill` was chosen although other pods hold more of the prompt. Returns the
+/// deeper owner predicted soonest to answer, when it is predicted no later than `spill` (the
+/// request then stays where its prefix is); `None` keeps the spill.
+fn worth_the_spill<S: AsRef<str>>(
+    input: &Inputs<'_, S>,
+    cands: &Candidates<'_, S>,
+    matched: &[usize],
+    spill: usize,
+) -> Option<(usize, Reason)> {
+    let ttft = |c: usize| {
+        let held = matched[c].saturating_mul(input.block_size);
+        let uncached = input.prompt_tokens.saturating_sub(held);
+        input
+            .loads
+            .get(c)
+            .copied()
+            .unwrap_or_default()
+            .predicted_ttft_s(uncached)
+    };
+    let owner = cands
+        .pods
+        .iter()
+        .copied()
+        .filter(|&c| matched[c] > matched[spill])
+        .min_by(|&a, &b| ttft(a).total_cmp(&ttft(b)))?;
+    (ttft(owner) <= ttft(spill)).then(|| {
+        let blocks = matched[owner];
+        (owner, Reason::PrefixHit { blocks })
+    })
 }
 
 /// Affinity only among pods that are not overloaded (load up to `ceiling`): a warm owner takes
