@@ -9,12 +9,12 @@ use crate::ownership::{OwnershipTable, RecordStats};
 use crate::pods::{fleet_id, parse_state, Inflight, Keys, PodState};
 use prefix_core::membership::Slots;
 use prefix_core::policy::{
-    decide, probe_positions, Decision, Inputs, Owners, PodLoad, Policy, Reason,
+    decide, probe_positions, Computing, Decision, Inputs, Owners, PodLoad, Policy, Reason,
 };
 use prefix_core::prompt_blocks::PromptBlocks;
 use prefix_core::request::InferenceRequest;
 use prefix_core::router_config::RouterConfig;
-use prefix_core::table::{Entry, TableLayout};
+use prefix_core::table::{Bucket, Entry, TableLayout};
 use prefix_core::{ApiError, BlockHash, ModelBundle};
 use std::cell::{Cell, OnceCell, RefCell};
 use std::rc::Rc;
@@ -72,10 +72,14 @@ pub struct Fleet {
 
 /// What [`decide`] is told of a prompt: its block hashes so far, its (estimated) length in
 /// tokens, and the live owners of the blocks already looked up.
+/// A block's table entries, as read.
+type Looked = (BlockHash, Bucket);
+
 struct PromptView<'a> {
     hashes: &'a [BlockHash],
     tokens: usize,
-    looked_up: &'a [(BlockHash, Owners)],
+    /// The table's entries of the blocks read while hashing (not read again).
+    looked_up: &'a [Looked],
 }
 
 impl PromptView<'_> {
@@ -251,19 +255,6 @@ impl Router {
         self.current_pod(fleet, e).filter(|_| e.stamp <= now)
     }
 
-    /// The live owners of block `h` (member positions).
-    fn live_owners<S: Store>(
-        &self,
-        table: &OwnershipTable<'_, S>,
-        fleet: &Fleet,
-        h: BlockHash,
-        now: u64,
-    ) -> Owners {
-        table
-            .owners(h)
-            .map(|e| e.and_then(|e| self.live_owner(fleet, &e, now)))
-    }
-
     fn choose<S: Store>(
         &self,
         table: &OwnershipTable<'_, S>,
@@ -272,29 +263,16 @@ impl Router {
         now: u64,
         fleet: &Fleet,
     ) -> Option<Decision> {
-        // owners found while hashing are not looked up again
-        let owners = |h: BlockHash| match prompt.looked_up.iter().find(|(k, _)| *k == h) {
-            Some(&(_, owners)) => owners,
-            None => self.live_owners(table, fleet, h, now),
+        // entries read while hashing are not read again
+        let entries = |h: BlockHash| match prompt.looked_up.iter().find(|(k, _)| *k == h) {
+            Some((_, e)) => e.clone(),
+            None => table.owners(h),
         };
-        // a prompt nobody holds yet follows the pod computing its first block (the latest
-        // recorded, if several), while that pod is among the idlest (policy `prefix` only:
-        // no other reads it)
-        let computing = prompt
-            .hashes
-            .first()
-            .filter(|_| policy == Policy::Prefix)
-            .filter(|&&h| owners(h).iter().all(Option::is_none))
-            .and_then(|&h| {
-                table
-                    .owners(h)
-                    .into_iter()
-                    .flatten()
-                    .filter(|e| e.stamp > now)
-                    .filter_map(|e| Some((e.stamp, self.current_pod(fleet, &e)?)))
-                    .max()
-            })
-            .map(|(_, pod)| pod);
+        let owners =
+            |h: BlockHash| entries(h).map(|e| e.and_then(|e| self.live_owner(fleet, &e, now)));
+        let computing = (policy == Policy::Prefix)
+            .then(|| self.computing(prompt.hashes, &entries, &owners, now, fleet))
+            .flatten();
         let input = Inputs {
             policy,
             weights: &self.config.weights,
@@ -310,18 +288,56 @@ impl Router {
         decide(&input, owners)
     }
 
-    /// Tokenizes and hashes the prompt only as deep as a healthy pod owns it: 1, 2, 4, …
-    /// blocks, stopping at the first of these (the blocks [`decide`] probes) that no such pod
-    /// owns, since none can own a block past it. Debug headers name the whole prompt's
-    /// prefix, so with them on the whole prompt is hashed. Returns the live owners it looked
-    /// up, for [`decide`] to use rather than look up again.
+    /// A prompt nobody holds yet: the pod computing its first block for an earlier request
+    /// (the latest recorded, if several), how deep its recorded blocks go along the probed
+    /// ones, and when they are predicted ready (policy `prefix` weighs waiting for it).
+    fn computing(
+        &self,
+        hashes: &[BlockHash],
+        entries: &impl Fn(BlockHash) -> Bucket,
+        owners: &impl Fn(BlockHash) -> Owners,
+        now: u64,
+        fleet: &Fleet,
+    ) -> Option<Computing> {
+        let &first = hashes.first()?;
+        if owners(first).iter().any(Option::is_some) {
+            return None;
+        }
+        let (stamp, pod) = entries(first)
+            .into_iter()
+            .flatten()
+            .filter(|e| e.stamp > now)
+            .filter_map(|e| Some((e.stamp, self.current_pod(fleet, &e)?)))
+            .max()?;
+        let has = |h: BlockHash| {
+            entries(h)
+                .iter()
+                .flatten()
+                .any(|e| self.current_pod(fleet, e) == Some(pod))
+        };
+        let blocks = probe_positions(hashes.len())
+            .into_iter()
+            .take_while(|&i| hashes.get(i).is_some_and(|&h| has(h)))
+            .last()
+            .map_or(1, |i| i + 1);
+        Some(Computing {
+            pod,
+            blocks,
+            ready_in_s: stamp.saturating_sub(now) as f64 / 1e9,
+        })
+    }
+
+    /// Tokenizes and hashes the prompt only as deep as a healthy pod owns it, or is computing
+    /// it: 1, 2, 4, … blocks, stopping at the first of these (the blocks [`decide`] probes)
+    /// that no such pod has an entry for, since none can hold a block past it. Debug headers
+    /// name the whole prompt's prefix, so with them on the whole prompt is hashed. Returns
+    /// the entries it read, for [`decide`] to use rather than read again.
     fn hash_owned_depth<S: Store>(
         &self,
         prompt: &mut PromptBlocks<'_>,
         table: &OwnershipTable<'_, S>,
         fleet: &Fleet,
-        now: u64,
-    ) -> Vec<(BlockHash, Owners)> {
+    ) -> Vec<Looked> {
         let mut looked_up = Vec::new();
         let deepest = self.config.max_prompt_blocks();
         if self.config.debug_headers {
@@ -336,9 +352,15 @@ impl Router {
             let Some(&h) = prompt.hashes().get(depth - 1) else {
                 return looked_up;
             };
-            let owners = self.live_owners(table, fleet, h, now);
-            looked_up.push((h, owners));
-            if !owners.into_iter().flatten().any(healthy) {
+            let entries = table.owners(h);
+            // ready or still being computed: either way deeper blocks may be there
+            let held = entries
+                .iter()
+                .flatten()
+                .filter_map(|e| self.current_pod(fleet, e))
+                .any(healthy);
+            looked_up.push((h, entries));
+            if !held {
                 if !prompt.is_complete() {
                     // only what was looked at is recorded
                     prompt.truncate(depth);
@@ -424,7 +446,7 @@ impl Router {
         let fleet = self.fleet(store);
         // one table for lookup and record, so the buckets the lookup read are not read again
         let owners = OwnershipTable::new(store, &self.layout);
-        let looked_up = self.hash_owned_depth(&mut prompt, &owners, &fleet, started);
+        let looked_up = self.hash_owned_depth(&mut prompt, &owners, &fleet);
         let now = store.now_nanos();
         let prepare_us = now.saturating_sub(started) / 1_000;
         let prompt_tokens = prompt.estimated_tokens();
@@ -648,6 +670,26 @@ mod tests {
             later.pending.is_none(),
             "its blocks were ready when it was routed"
         );
+    }
+
+    #[test]
+    fn a_prompt_waits_for_the_pod_computing_it_when_that_is_sooner() {
+        // 1 ms per token: the 10-token prompt's first request prefills for 10 ms
+        let host = FakeHost::default();
+        let config = crate::testing::config(r#""cost":{"base_ms":0,"prefill_us_per_token":1000}"#);
+        let r = Router::new(config, Some(tiny_bundle(4)), 0);
+        let first = route(&r, &host, &body("abcdefghij")).unwrap();
+        // 6 ms later it holds both blocks in 4 ms: 4 + 2 (the tail) < 10 cold on an idle pod
+        host.clock.set(host.clock.get() + 6_000_000);
+        let second = route(&r, &host, &body("abcdefghij")).unwrap();
+        assert_eq!(
+            (second.placed.decision.pod, second.placed.decision.reason),
+            (first.placed.decision.pod, Reason::Cold),
+            "follows the pod computing it, busier though it is"
+        );
+        for routed in [&first, &second] {
+            done(&r, &host, routed);
+        }
     }
 
     /// Without debug headers a prompt is tokenized and hashed only as deep as a pod owns it:

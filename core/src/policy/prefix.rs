@@ -10,14 +10,18 @@
 //! - A cold prompt (no block owned) goes to the first pod in the rendezvous order of its
 //!   first block among the idlest (within `cold_slack`), so router replicas that see the same
 //!   loads agree without shared state. If a pod is still computing that block for an earlier
-//!   request, the prompt follows it only while it is among those idlest pods: the request
-//!   misses either way, and an idle pod that takes it becomes one more owner.
+//!   request, the prompt follows it while it is among those idlest pods; when it is busier,
+//!   an idle pod takes the prompt (and becomes one more owner) only if computing it cold
+//!   there is predicted sooner than waiting for that pod: its slot and the end of its
+//!   prefill, then the rest. A burst of a new 2k-token prefix spreads over idle pods; one of
+//!   8k tokens waits for the pod computing it.
 //! - **What a spill costs.** Whenever the steps above would send the request to a pod that
 //!   holds less of the prompt than some owner does (the guard, or load outscoring affinity),
-//!   the spill must also be predicted faster *for this request*: its time to first token
-//!   there (wait for a slot + prefill of the tokens that pod lacks) against the best deeper
-//!   owner's (its queue × its service time + the rest it computes), from the pods' learned
-//!   costs ([`crate::pod_costs`]). Otherwise the owner keeps it. Fixed weights cannot tell a
+//!   the spill must also cost less: its time to first token there (wait for a slot + prefill
+//!   of the tokens that pod lacks) and the work it makes for others there, against the same
+//!   at the best deeper owner (its queue × its service time + the rest it computes), from the
+//!   pods' learned costs ([`crate::pod_costs`], [`super::PodLoad::placement_cost_s`]).
+//!   Otherwise the owner keeps it. Fixed weights cannot tell a
 //!   128-token prefix, cheaper to compute again than to queue for, from a 4k-token one whose
 //!   cold prefill costs more than waiting behind several requests (measured: TTFT p90 1.65×
 //!   vllm-router's on 4k-token prefixes before this step).
@@ -61,7 +65,7 @@ pub(super) fn choose<S: AsRef<str>>(
 }
 
 /// The last step: `spill` was chosen although other pods hold more of the prompt. Returns the
-/// deeper owner predicted soonest to answer, when it is predicted no later than `spill` (the
+/// deeper owner where the request costs least, when it costs no more than at `spill` (the
 /// request then stays where its prefix is); `None` keeps the spill.
 fn worth_the_spill<S: AsRef<str>>(
     input: &Inputs<'_, S>,
@@ -77,7 +81,7 @@ fn worth_the_spill<S: AsRef<str>>(
             .get(c)
             .copied()
             .unwrap_or_default()
-            .predicted_ttft_s(uncached)
+            .placement_cost_s(uncached, 0.0)
     };
     let owner = cands
         .pods
@@ -116,7 +120,8 @@ fn guarded<S: AsRef<str>>(
 }
 
 /// Where a cold prompt goes: the pod still computing its first block while that one is among
-/// the idlest (within `cold_slack`), else the first of those idlest in rendezvous order.
+/// the idlest (within `cold_slack`), else the first of those idlest in rendezvous order,
+/// unless waiting for the computing pod is predicted sooner.
 fn cold<S: AsRef<str>>(
     input: &Inputs<'_, S>,
     cands: &Candidates<'_, S>,
@@ -124,9 +129,22 @@ fn cold<S: AsRef<str>>(
     min_load: f64,
 ) -> usize {
     let idle = |p: usize| cands.load(p) <= min_load + input.weights.cold_slack;
-    input
-        .computing
-        .filter(|&p| cands.pods.contains(&p) && idle(p))
-        .or_else(|| order.iter().copied().find(|&c| idle(c)))
-        .unwrap_or(order[0])
+    let computing = input.computing.filter(|c| cands.pods.contains(&c.pod));
+    if let Some(c) = computing.filter(|c| idle(c.pod)) {
+        return c.pod;
+    }
+    let target = order.iter().copied().find(|&c| idle(c)).unwrap_or(order[0]);
+    let Some(c) = computing else {
+        return target;
+    };
+    let load = |p: usize| input.loads.get(p).copied().unwrap_or_default();
+    let held = c.blocks.saturating_mul(input.block_size);
+    let there =
+        load(c.pod).placement_cost_s(input.prompt_tokens.saturating_sub(held), c.ready_in_s);
+    let here = load(target).placement_cost_s(input.prompt_tokens, 0.0);
+    if there <= here {
+        c.pod
+    } else {
+        target
+    }
 }
