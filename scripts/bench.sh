@@ -11,6 +11,9 @@
 #                                         prompts, 10-minute soak with kills (quick: ~3 min)
 #   scripts/bench.sh vllm [--quick]      prefix routing on 3 real vLLM pods, events on and
 #                                         off, beside round robin and the peers (~10 min)
+#   scripts/bench.sh --repeat 3 --only long-prefix-saturated,ip-long-prefix
+#                                     several runs of chosen workloads: medians and ranges,
+#                                     the goals read from the medians
 #   scripts/bench.sh --help           every option (pods, rate, requests, workloads, seed, …)
 set -euo pipefail
 cd "$(dirname "$0")/.."
