@@ -10,6 +10,7 @@
 //! - [`oracle`]: the best hit rate a trace allows (one unbounded cache).
 //! - [`policies`]: a fresh fleet per policy; [`replay`] sends the trace (open or closed loop).
 //! - [`report`] and [`plots`]: tables, CSV/JSON, TTFT CDF charts.
+//! - [`reasons`]: the filter's per-request reasons and their TTFTs, to explain a tail.
 //! - [`repeats`]: medians and ranges over `--repeat` runs, which the goals read.
 //! - [`overhead`] (with [`wrk`]): the same Envoy with and without the filter, beside the floor
 //!   filter (`bench/floor-filter`), sglang-router and a direct call; CPU per request.
@@ -33,6 +34,7 @@ pub mod overhead;
 pub mod peers;
 pub mod plots;
 pub mod policies;
+pub mod reasons;
 pub mod repeats;
 pub mod replay;
 pub mod report;

@@ -280,6 +280,10 @@ pub fn run_one(
                 tick,
             )?;
             let duration_s = started.elapsed().as_secs_f64();
+            let reasons = crate::reasons::summary(&outcomes);
+            if !reasons.is_empty() {
+                println!("   {name} / {policy}: {reasons}");
+            }
             let _ = std::fs::write(
                 dir.join("outcomes.json"),
                 serde_json::to_vec(&outcomes).unwrap_or_default(),

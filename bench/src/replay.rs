@@ -26,6 +26,10 @@ pub struct Outcome {
     /// `BENCH_DEBUG_HEADERS=1`).
     #[serde(skip_serializing_if = "String::is_empty")]
     pub reason: String,
+    /// Leading blocks the chosen pod was taken to hold (`x-prefix-router-matched-blocks`,
+    /// debug headers only).
+    #[serde(default)]
+    pub matched_blocks: usize,
     pub error: Option<String>,
 }
 
@@ -60,6 +64,7 @@ async fn one(
         output_tokens: 0,
         pod: String::new(),
         reason: String::new(),
+        matched_blocks: 0,
         error: None,
     };
     let work = async {
@@ -82,6 +87,12 @@ async fn one(
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_owned();
+        out.matched_blocks = resp
+            .headers()
+            .get(prefix_core::protocol::headers::debug::MATCHED_BLOCKS)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
         let mut events = resp.bytes_stream().eventsource();
         let mut counted = 0u64;
         while let Some(event) = events.next().await {

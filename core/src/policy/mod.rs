@@ -173,6 +173,12 @@ pub struct Weights {
     /// becomes another owner (measured: about +7 % req/s with a few hot groups, +6 % with
     /// many, against 8).
     pub cold_slack: f64,
+    /// A cold prompt chooses only among the first this many pods in its rendezvous order
+    /// (0: among all), unless each of them is more than `imbalance_abs` busier than the
+    /// idlest pod. With 2, each prefix has two homes it returns to whenever it is computed
+    /// again (after an eviction, say), picking the less busy: a prefix is not copied all over
+    /// the fleet by chance, yet no home is overloaded (the power of two choices).
+    pub cold_choices: usize,
 }
 
 impl Default for Weights {
@@ -185,6 +191,7 @@ impl Default for Weights {
             imbalance_abs: 8.0,
             imbalance_ratio: 2.0,
             cold_slack: 0.0,
+            cold_choices: 0,
         }
     }
 }
@@ -755,6 +762,43 @@ mod tests {
             computing: None,
         };
         assert_eq!(decide(&input, |_| [None; WAYS]).map(|d| d.pod), Some(0));
+        // two homes: the less busy of the first two in rendezvous order, though the third
+        // pod is idler; with all of its homes too busy, the idlest
+        let w = Weights {
+            cold_choices: 2,
+            ..Weights::default()
+        };
+        let mut loads = [0u32; 3];
+        loads[next] = 1;
+        loads[0] = 2;
+        let input = Inputs {
+            policy: Policy::Prefix,
+            weights: &w,
+            pods: &PODS,
+            loads: &busy(loads),
+            hashes: &[key],
+            prompt_tokens: 4,
+            block_size: 4,
+            counter: 0,
+            random: 0,
+            computing: None,
+        };
+        assert_eq!(decide(&input, |_| [None; WAYS]).map(|d| d.pod), Some(next));
+        let w = Weights {
+            cold_choices: 2,
+            imbalance_abs: 0.5,
+            // (not the imbalance guard)
+            imbalance_ratio: 100.0,
+            ..Weights::default()
+        };
+        let loads = busy(loads.map(|l| l + 1));
+        let input = Inputs {
+            weights: &w,
+            loads: &loads,
+            ..input
+        };
+        let d = decide(&input, |_| [None; WAYS]).unwrap();
+        assert_eq!((d.pod, d.reason), (3 - next, Reason::Cold));
         // 9 − 0 > 8 and 9 > 2×0: the imbalance guard moves it whatever the slack
         assert_ne!(run(Policy::Prefix, &busy([9, 0, 0]), &[key], &[], 0).pod, 0);
     }

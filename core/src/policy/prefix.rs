@@ -128,7 +128,22 @@ fn cold<S: AsRef<str>>(
     order: &[usize],
     min_load: f64,
 ) -> usize {
-    let idle = |p: usize| cands.load(p) <= min_load + input.weights.cold_slack;
+    let w = input.weights;
+    // its homes: the first `cold_choices` in rendezvous order, unless all are overloaded
+    let homes = match w.cold_choices {
+        0 => order,
+        k => &order[..k.min(order.len())],
+    };
+    let homes_min = homes
+        .iter()
+        .map(|&p| cands.load(p))
+        .fold(f64::INFINITY, f64::min);
+    let (order, min_load) = if homes_min <= min_load + w.imbalance_abs {
+        (homes, homes_min)
+    } else {
+        (order, min_load)
+    };
+    let idle = |p: usize| cands.load(p) <= min_load + w.cold_slack;
     let computing = input.computing.filter(|c| cands.pods.contains(&c.pod));
     if let Some(c) = computing.filter(|c| idle(c.pod)) {
         return c.pod;
