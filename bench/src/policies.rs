@@ -242,6 +242,40 @@ impl Measured {
     }
 }
 
+/// The filter's decisions by reason over the run, from Envoy's counters
+/// (`prefix_router_decisions.<reason>.<model>`): `prefix_hit 812, cold 130, …`, most first.
+fn decision_counts(envoy: &test_harness::cluster::Envoy) -> String {
+    let text = client()
+        .get(envoy.admin_url("/stats?filter=prefix_router_decisions"))
+        .send()
+        .and_then(|r| r.text())
+        .unwrap_or_default();
+    let mut counts: Vec<(String, u64)> = Vec::new();
+    for line in text.lines() {
+        let Some((name, value)) = line.split_once(": ") else {
+            continue;
+        };
+        let Ok(n) = value.trim().parse::<u64>() else {
+            continue;
+        };
+        let Some(rest) = name.split("prefix_router_decisions.").nth(1) else {
+            continue;
+        };
+        let reason = rest.split('.').next().unwrap_or(rest).to_owned();
+        match counts.iter_mut().find(|(r, _)| *r == reason) {
+            Some((_, c)) => *c += n,
+            None => counts.push((reason, n)),
+        }
+    }
+    counts.retain(|(_, n)| *n > 0);
+    counts.sort_by_key(|(r, n)| (std::cmp::Reverse(*n), r.clone()));
+    counts
+        .iter()
+        .map(|(r, n)| format!("{r} {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// One workload × front run on a fresh fleet; `name` is the workload's name in the tables.
 /// The fleet hit rate and the spread come from the pods' own counters, whoever sent the load.
 #[allow(clippy::too_many_arguments)]
@@ -301,6 +335,13 @@ pub fn run_one(
         Running::Envoy(e) => filter_times(e),
         Running::Peer(_) => FilterTimes::default(),
     };
+    if let Running::Envoy(e) = &running {
+        // the decisions by reason, whoever sent the load (inference-perf sees no headers)
+        let decisions = decision_counts(e);
+        if !decisions.is_empty() {
+            println!("   {name} / {policy} decisions: {decisions}");
+        }
+    }
 
     let http = client();
     let metric = |name: &str| each_pod(&http, &addrs, name);
