@@ -30,6 +30,16 @@ pub const IP_MANY_GROUPS: &str = "ip-many-groups";
 pub const IP_HOT_GROUPS: &str = "ip-hot-groups";
 pub const IP_LONG_PREFIX: &str = "ip-long-prefix";
 
+/// Every closed-loop workload, replayed or inference-perf's, in the order they run.
+pub const CLOSED_LOOP: [&str; 6] = [
+    SATURATED,
+    HOT_SATURATED,
+    LONG_SATURATED,
+    IP_MANY_GROUPS,
+    IP_HOT_GROUPS,
+    IP_LONG_PREFIX,
+];
+
 /// A closed-loop run: a shared-prefix trace sent by a fixed number of clients back to back.
 /// With more tenants than one pod's cache holds (while the fleet's caches together hold them
 /// several times over: [`SATURATED`]) that is the situation prefix-aware routing exists for;

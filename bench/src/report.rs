@@ -1,10 +1,7 @@
 //! The policy comparison as a table, JSON and CSV, plus the goals as ratios.
 
 use super::overhead::FilterTimes;
-use super::policies::{
-    PolicyRun, HOT_SATURATED, IP_HOT_GROUPS, IP_LONG_PREFIX, IP_MANY_GROUPS, LONG_SATURATED,
-    SATURATED,
-};
+use super::policies::{PolicyRun, CLOSED_LOOP, HOT_SATURATED, IP_HOT_GROUPS, SATURATED};
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -116,17 +113,8 @@ pub fn peer_goals(runs: &[PolicyRun]) -> String {
         s,
         "against the peers (best peer = the better cache_aware router on that measure):"
     );
-    for w in [
-        SATURATED,
-        HOT_SATURATED,
-        LONG_SATURATED,
-        IP_MANY_GROUPS,
-        IP_HOT_GROUPS,
-        IP_LONG_PREFIX,
-        "shared-prefix",
-        "hot-tenant",
-        "multi-turn",
-    ] {
+    let open_loop = ["shared-prefix", "hot-tenant", "multi-turn"];
+    for w in CLOSED_LOOP.into_iter().chain(open_loop) {
         let Some(p) = find(runs, w, "prefix") else {
             continue;
         };
@@ -173,14 +161,7 @@ pub fn peer_goals(runs: &[PolicyRun]) -> String {
         }
         let _ = writeln!(s);
     }
-    for w in [
-        SATURATED,
-        HOT_SATURATED,
-        LONG_SATURATED,
-        IP_MANY_GROUPS,
-        IP_HOT_GROUPS,
-        IP_LONG_PREFIX,
-    ] {
+    for w in CLOSED_LOOP {
         if let (Some(e), Some(g)) = (
             find(runs, w, "round_robin"),
             find(runs, w, "sglang-router round_robin"),

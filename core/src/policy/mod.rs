@@ -850,13 +850,18 @@ mod tests {
                 l.costs.per_token_s = us / 1e6;
             }
         }
+        spill_with(&loads, blocks)
+    }
+
+    /// Pod 0 owns the whole prompt (`blocks` of 128 tokens, then a 40-token tail).
+    fn spill_with(loads: &[PodLoad], blocks: u64) -> Decision {
         let hashes: Vec<BlockHash> = (1..=blocks).map(h).collect();
         let w = Weights::default();
         let input = Inputs {
             policy: Policy::Prefix,
             weights: &w,
             pods: &PODS,
-            loads: &loads,
+            loads,
             hashes: &hashes,
             prompt_tokens: blocks as usize * 128 + 40,
             block_size: 128,
@@ -895,22 +900,7 @@ mod tests {
         // an unhealthy owner is never kept, whatever it saves
         let mut loads = busy([0, 0, 0]);
         loads[0].healthy = false;
-        let hashes: Vec<BlockHash> = (1..=32).map(h).collect();
-        let w = Weights::default();
-        let input = Inputs {
-            policy: Policy::Prefix,
-            weights: &w,
-            pods: &PODS,
-            loads: &loads,
-            hashes: &hashes,
-            prompt_tokens: 4136,
-            block_size: 128,
-            counter: 0,
-            random: 0,
-            computing: None,
-        };
-        let d = decide(&input, |_| [Some(0), None, None, None]).unwrap();
-        assert_ne!(d.pod, 0);
+        assert_ne!(spill_with(&loads, 32).pod, 0);
     }
 
     #[test]
