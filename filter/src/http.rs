@@ -536,13 +536,13 @@ mod tests {
         let second = send("200", false).unwrap();
         assert_eq!(
             (second.pod, second.reason),
-            (first.pod, Reason::Cold),
+            (first.pod, Reason::Computing),
             "a failed answer settles nothing, and no answer bytes yet"
         );
         let third = send("200", true).unwrap();
         assert_eq!(
             third.reason,
-            Reason::Cold,
+            Reason::Computing,
             "still pending when it was routed"
         );
         let fourth = send("200", true).unwrap();

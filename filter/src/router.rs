@@ -652,7 +652,7 @@ mod tests {
         let fourth = route(&r, &host, &body("abcdefghij")).unwrap();
         assert_eq!(
             (fourth.placed.decision.pod, fourth.placed.decision.reason),
-            (third.placed.decision.pod, Reason::Cold)
+            (third.placed.decision.pod, Reason::Computing)
         );
         for routed in [&first, &burst, &third, &fourth] {
             done(&r, &host, routed);
@@ -684,7 +684,7 @@ mod tests {
         let second = route(&r, &host, &body("abcdefghij")).unwrap();
         assert_eq!(
             (second.placed.decision.pod, second.placed.decision.reason),
-            (first.placed.decision.pod, Reason::Cold),
+            (first.placed.decision.pod, Reason::Computing),
             "follows the pod computing it, busier though it is"
         );
         for routed in [&first, &second] {

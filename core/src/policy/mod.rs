@@ -36,6 +36,10 @@ pub enum Reason {
     PrefixHit { blocks: usize },
     /// No block of the prompt is owned by a live pod: rendezvous hash of the first block.
     Cold,
+    /// No live pod holds the prompt yet, but the chosen one is computing its prefix for an
+    /// earlier request: waiting for it costs less than computing it elsewhere, or it is among
+    /// the idlest anyway.
+    Computing,
     /// The prompt has no full block: least loaded.
     ShortPrompt,
     /// Load overrode cache affinity (imbalance guard, or a busy owner scored lower), and the
@@ -726,7 +730,13 @@ mod tests {
         let next = rendezvous(key, &[PODS[1], PODS[2]]).unwrap() + 1;
         let cold = |loads: [u32; 3], computing| {
             let d = run_computing(Policy::Prefix, &busy(loads), &[key], &[], 0, computing);
-            assert_eq!(d.reason, Reason::Cold);
+            let follows = computing == Some(d.pod);
+            let want = if follows {
+                Reason::Computing
+            } else {
+                Reason::Cold
+            };
+            assert_eq!(d.reason, want);
             d.pod
         };
         assert_eq!(cold([0, 0, 0], None), 0, "all idle: the rendezvous choice");
@@ -827,7 +837,12 @@ mod tests {
                 }),
             };
             let d = decide(&input, |_| [None; WAYS]).unwrap();
-            assert_eq!(d.reason, Reason::Cold);
+            let want = if d.pod == 0 {
+                Reason::Computing
+            } else {
+                Reason::Cold
+            };
+            assert_eq!(d.reason, want);
             d.pod
         };
         // there: max(⌈6 + 1 − 4⌉ × 25 ms, 300 ms) + 2 × (5 ms + 40 tokens) = 318 ms; cold
@@ -1061,6 +1076,7 @@ mod tests {
             [
                 "prefix-hit",
                 "cold",
+                "computing",
                 "short-prompt",
                 "imbalanced",
                 "passthrough",

@@ -45,7 +45,7 @@ pub(super) fn choose<S: AsRef<str>>(
     }
     let order = cands.rendezvous_order(first);
     if matched.iter().all(|&m| m == 0) {
-        return (cold(input, cands, &order, min_load), Reason::Cold);
+        return cold(input, cands, &order, min_load);
     }
     let total = input.hashes.len() as f64;
     let score = |c: usize| w.prefix * matched[c] as f64 / total - cands.load(c);
@@ -127,7 +127,7 @@ fn cold<S: AsRef<str>>(
     cands: &Candidates<'_, S>,
     order: &[usize],
     min_load: f64,
-) -> usize {
+) -> (usize, Reason) {
     let w = input.weights;
     // its homes: the first `cold_choices` in rendezvous order, unless all are overloaded
     let homes = match w.cold_choices {
@@ -146,11 +146,11 @@ fn cold<S: AsRef<str>>(
     let idle = |p: usize| cands.load(p) <= min_load + w.cold_slack;
     let computing = input.computing.filter(|c| cands.pods.contains(&c.pod));
     if let Some(c) = computing.filter(|c| idle(c.pod)) {
-        return c.pod;
+        return (c.pod, Reason::Computing);
     }
     let target = order.iter().copied().find(|&c| idle(c)).unwrap_or(order[0]);
     let Some(c) = computing else {
-        return target;
+        return (target, Reason::Cold);
     };
     let load = |p: usize| input.loads.get(p).copied().unwrap_or_default();
     let held = c.blocks.saturating_mul(input.block_size);
@@ -158,8 +158,8 @@ fn cold<S: AsRef<str>>(
         load(c.pod).placement_cost_s(input.prompt_tokens.saturating_sub(held), c.ready_in_s);
     let here = load(target).placement_cost_s(input.prompt_tokens, 0.0);
     if there <= here {
-        c.pod
+        (c.pod, Reason::Computing)
     } else {
-        target
+        (target, Reason::Cold)
     }
 }
