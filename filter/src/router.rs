@@ -14,7 +14,7 @@ use prefix_core::policy::{
 use prefix_core::prompt_blocks::PromptBlocks;
 use prefix_core::request::InferenceRequest;
 use prefix_core::router_config::RouterConfig;
-use prefix_core::table::{Bucket, Entry, TableLayout};
+use prefix_core::table::{Bucket, Entry, TableLayout, WAYS};
 use prefix_core::{ApiError, BlockHash, ModelBundle};
 use std::cell::{Cell, OnceCell, RefCell};
 use std::rc::Rc;
@@ -70,16 +70,17 @@ pub struct Fleet {
     pub inflight: Inflight,
 }
 
-/// What [`decide`] is told of a prompt: its block hashes so far, its (estimated) length in
-/// tokens, and the live owners of the blocks already looked up.
-/// A block's table entries, as read.
-type Looked = (BlockHash, Bucket);
+/// A block's table entries whose pods are current members: (member position, the entry's
+/// stamp). Ready at `now` when the stamp is not after it; otherwise that pod is still
+/// computing the block.
+type Held = [Option<(usize, u64)>; WAYS];
 
+/// What [`decide`] is told of a prompt: its block hashes so far, its (estimated) length in
+/// tokens, and what the table says of the blocks already read (not read again).
 struct PromptView<'a> {
     hashes: &'a [BlockHash],
     tokens: usize,
-    /// The table's entries of the blocks read while hashing (not read again).
-    looked_up: &'a [Looked],
+    looked_up: &'a [(BlockHash, Held)],
 }
 
 impl PromptView<'_> {
@@ -249,10 +250,12 @@ impl Router {
         (fleet.states.get(i)?.generation == e.generation).then_some(i)
     }
 
-    /// [`Router::current_pod`], if the entry is also ready at `now` (a pod still computing
-    /// the blocks does not hold them yet: `OwnershipTable::record`).
-    fn live_owner(&self, fleet: &Fleet, e: &Entry, now: u64) -> Option<usize> {
-        self.current_pod(fleet, e).filter(|_| e.stamp <= now)
+    /// A bucket's entries of current members (a pod restarted since holds nothing).
+    fn held(&self, fleet: &Fleet, bucket: &Bucket) -> Held {
+        std::array::from_fn(|i| {
+            let e = bucket[i].as_ref()?;
+            Some((self.current_pod(fleet, e)?, e.stamp))
+        })
     }
 
     fn choose<S: Store>(
@@ -263,15 +266,15 @@ impl Router {
         now: u64,
         fleet: &Fleet,
     ) -> Option<Decision> {
-        // entries read while hashing are not read again
-        let entries = |h: BlockHash| match prompt.looked_up.iter().find(|(k, _)| *k == h) {
-            Some((_, e)) => e.clone(),
-            None => table.owners(h),
+        // buckets read while hashing are not read again
+        let held = |h: BlockHash| match prompt.looked_up.iter().find(|(k, _)| *k == h) {
+            Some(&(_, held)) => held,
+            None => self.held(fleet, &table.owners(h)),
         };
-        let owners =
-            |h: BlockHash| entries(h).map(|e| e.and_then(|e| self.live_owner(fleet, &e, now)));
+        // a pod still computing a block does not hold it yet (`OwnershipTable::record`)
+        let owners = |h: BlockHash| held(h).map(|e| e.filter(|&(_, at)| at <= now).map(|(p, _)| p));
         let computing = (policy == Policy::Prefix)
-            .then(|| self.computing(prompt.hashes, &entries, &owners, now, fleet))
+            .then(|| computing(prompt.hashes, &held, &owners, now))
             .flatten();
         let input = Inputs {
             policy,
@@ -288,56 +291,17 @@ impl Router {
         decide(&input, owners)
     }
 
-    /// A prompt nobody holds yet: the pod computing its first block for an earlier request
-    /// (the latest recorded, if several), how deep its recorded blocks go along the probed
-    /// ones, and when they are predicted ready (policy `prefix` weighs waiting for it).
-    fn computing(
-        &self,
-        hashes: &[BlockHash],
-        entries: &impl Fn(BlockHash) -> Bucket,
-        owners: &impl Fn(BlockHash) -> Owners,
-        now: u64,
-        fleet: &Fleet,
-    ) -> Option<Computing> {
-        let &first = hashes.first()?;
-        if owners(first).iter().any(Option::is_some) {
-            return None;
-        }
-        let (stamp, pod) = entries(first)
-            .into_iter()
-            .flatten()
-            .filter(|e| e.stamp > now)
-            .filter_map(|e| Some((e.stamp, self.current_pod(fleet, &e)?)))
-            .max()?;
-        let has = |h: BlockHash| {
-            entries(h)
-                .iter()
-                .flatten()
-                .any(|e| self.current_pod(fleet, e) == Some(pod))
-        };
-        let blocks = probe_positions(hashes.len())
-            .into_iter()
-            .take_while(|&i| hashes.get(i).is_some_and(|&h| has(h)))
-            .last()
-            .map_or(1, |i| i + 1);
-        Some(Computing {
-            pod,
-            blocks,
-            ready_in_s: stamp.saturating_sub(now) as f64 / 1e9,
-        })
-    }
-
     /// Tokenizes and hashes the prompt only as deep as a healthy pod owns it, or is computing
     /// it: 1, 2, 4, … blocks, stopping at the first of these (the blocks [`decide`] probes)
     /// that no such pod has an entry for, since none can hold a block past it. Debug headers
     /// name the whole prompt's prefix, so with them on the whole prompt is hashed. Returns
-    /// the entries it read, for [`decide`] to use rather than read again.
+    /// what it read, for [`decide`] to use rather than read again.
     fn hash_owned_depth<S: Store>(
         &self,
         prompt: &mut PromptBlocks<'_>,
         table: &OwnershipTable<'_, S>,
         fleet: &Fleet,
-    ) -> Vec<Looked> {
+    ) -> Vec<(BlockHash, Held)> {
         let mut looked_up = Vec::new();
         let deepest = self.config.max_prompt_blocks();
         if self.config.debug_headers {
@@ -352,15 +316,10 @@ impl Router {
             let Some(&h) = prompt.hashes().get(depth - 1) else {
                 return looked_up;
             };
-            let entries = table.owners(h);
+            let held = self.held(fleet, &table.owners(h));
+            looked_up.push((h, held));
             // ready or still being computed: either way deeper blocks may be there
-            let held = entries
-                .iter()
-                .flatten()
-                .filter_map(|e| self.current_pod(fleet, e))
-                .any(healthy);
-            looked_up.push((h, entries));
-            if !held {
+            if !held.into_iter().flatten().any(|(p, _)| healthy(p)) {
                 if !prompt.is_complete() {
                     // only what was looked at is recorded
                     prompt.truncate(depth);
@@ -542,6 +501,38 @@ impl Router {
             );
         }
     }
+}
+
+/// A prompt nobody holds yet: the pod computing its first block for an earlier request (the
+/// latest recorded, if several), how deep its entries go along the probed blocks, and when
+/// they are predicted ready (policy `prefix` weighs waiting for it).
+fn computing(
+    hashes: &[BlockHash],
+    held: &impl Fn(BlockHash) -> Held,
+    owners: &impl Fn(BlockHash) -> Owners,
+    now: u64,
+) -> Option<Computing> {
+    let &first = hashes.first()?;
+    if owners(first).iter().any(Option::is_some) {
+        return None;
+    }
+    let (stamp, pod) = held(first)
+        .into_iter()
+        .flatten()
+        .filter(|&(_, at)| at > now)
+        .map(|(pod, at)| (at, pod))
+        .max()?;
+    let has = |h: BlockHash| held(h).into_iter().flatten().any(|(p, _)| p == pod);
+    let blocks = probe_positions(hashes.len())
+        .into_iter()
+        .take_while(|&i| hashes.get(i).is_some_and(|&h| has(h)))
+        .last()
+        .map_or(1, |i| i + 1);
+    Some(Computing {
+        pod,
+        blocks,
+        ready_in_s: stamp.saturating_sub(now) as f64 / 1e9,
+    })
 }
 
 #[cfg(test)]

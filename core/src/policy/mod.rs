@@ -234,21 +234,14 @@ impl PodLoad {
         self.inflight.max(self.running.saturating_add(self.waiting))
     }
 
-    /// Predicted time to first token of a request that finds `uncached` of its prompt's
-    /// tokens missing from the pod's cache: its wait for a slot, then their prefill.
-    pub fn predicted_ttft_s(&self, uncached: usize) -> f64 {
-        self.costs.wait_s(self.outstanding()) + self.costs.prefill_s(uncached)
-    }
-
     /// What sending a request here costs, in seconds: its own time to first token (a wait of
     /// at least `not_before_s`, then the prefill of its `uncached` tokens) plus the work it
     /// makes for others: the tokens that do not fit in the cache's free space evict as many
     /// of other prefixes, which their next requests compute again, and all of that work is
     /// counted once more in the share of the pod's slots that are taken (on an idle pod it
     /// costs nobody anything; on a saturated one it is capacity its other requests lose).
-    /// Without that second part a burst of a long new prefix lands on every idle pod, and
-    /// the copies then evict each other (measured: hit rate 0.41 against sglang-router's
-    /// 0.82 on 4k–8k-token prefixes).
+    /// A request's own time to first token alone would make every spill to an idle pod look
+    /// free, however much it costs the fleet.
     pub fn placement_cost_s(&self, uncached: usize, not_before_s: f64) -> f64 {
         let c = &self.costs;
         let outstanding = self.outstanding();
@@ -919,18 +912,30 @@ mod tests {
     }
 
     #[test]
-    fn predicted_ttft_is_the_wait_then_the_uncached_prefill() {
+    fn a_placement_costs_the_wait_the_prefill_and_the_work_again_by_busy_share() {
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-9;
         let mut l = PodLoad {
             inflight: 2,
             running: 4,
             waiting: 3,
             ..PodLoad::default()
         };
-        // the pod's own count (7) is more than this router's (2): ⌈7 + 1 − 4⌉ × 25 ms
-        assert!((l.predicted_ttft_s(1000) - (0.1 + 0.005 + 0.1)).abs() < 1e-9);
-        l.inflight = 9;
-        assert_eq!(l.outstanding(), 9);
-        assert!((l.predicted_ttft_s(0) - (6.0 * 0.025 + 0.005)).abs() < 1e-9);
+        // the pod's own count (7) is more than this router's (2): ⌈7 + 1 − 4⌉ × 25 ms, then
+        // 5 + 100 ms of prefill, counted again on a saturated pod
+        assert_eq!(l.outstanding(), 7);
+        assert!(close(l.placement_cost_s(1000, 0.0), 0.1 + 2.0 * 0.105));
+        // not before the given time
+        assert!(close(l.placement_cost_s(1000, 0.5), 0.5 + 2.0 * 0.105));
+        // half the slots taken: the work counts one and a half times
+        l = PodLoad {
+            inflight: 2,
+            ..PodLoad::default()
+        };
+        assert!(close(l.placement_cost_s(1000, 0.0), 1.5 * 0.105));
+        // a full cache of 10k tokens: the 1,000 computed evict as many, 100 ms more work
+        l.kv_cache_usage = 1.0;
+        l.costs.cache_tokens = Some(10_000.0);
+        assert!(close(l.placement_cost_s(1000, 0.0), 1.5 * 0.205));
     }
 
     #[test]
