@@ -21,10 +21,10 @@
 //!   of the tokens that pod lacks) and the work it makes for others there, against the same
 //!   at the best deeper owner (its queue × its service time + the rest it computes), from the
 //!   pods' learned costs ([`crate::pod_costs`], [`super::PodLoad::placement_cost_s`]).
-//!   Otherwise the owner keeps it. Fixed weights cannot tell a
-//!   128-token prefix, cheaper to compute again than to queue for, from a 4k-token one whose
-//!   cold prefill costs more than waiting behind several requests (measured: TTFT p90 1.65×
-//!   vllm-router's on 4k-token prefixes before this step).
+//!   Otherwise the owner keeps it. Fixed weights cannot tell a 128-token prefix, cheaper to
+//!   compute again than to queue for, from a 4k-token one whose cold prefill costs more than
+//!   waiting behind several requests (what it changed, and what it did not yet:
+//!   `docs/benchmarks.md`, long prefixes).
 
 use super::{Candidates, Inputs, Reason};
 use crate::block::BlockHash;
@@ -73,26 +73,31 @@ fn worth_the_spill<S: AsRef<str>>(
     matched: &[usize],
     spill: usize,
 ) -> Option<(usize, Reason)> {
-    let ttft = |c: usize| {
-        let held = matched[c].saturating_mul(input.block_size);
-        let uncached = input.prompt_tokens.saturating_sub(held);
-        input
-            .loads
-            .get(c)
-            .copied()
-            .unwrap_or_default()
-            .placement_cost_s(uncached, 0.0)
-    };
+    let cost = |c: usize| cost_at(input, c, matched[c], 0.0);
     let owner = cands
         .pods
         .iter()
         .copied()
         .filter(|&c| matched[c] > matched[spill])
-        .min_by(|&a, &b| ttft(a).total_cmp(&ttft(b)))?;
-    (ttft(owner) <= ttft(spill)).then(|| {
+        .min_by(|&a, &b| cost(a).total_cmp(&cost(b)))?;
+    (cost(owner) <= cost(spill)).then(|| {
         let blocks = matched[owner];
         (owner, Reason::PrefixHit { blocks })
     })
+}
+
+/// What sending the request to `pod`, which holds its first `held_blocks` blocks, costs
+/// ([`super::PodLoad::placement_cost_s`]), its wait lasting at least `not_before_s`.
+fn cost_at<S: AsRef<str>>(
+    input: &Inputs<'_, S>,
+    pod: usize,
+    held_blocks: usize,
+    not_before_s: f64,
+) -> f64 {
+    let held = held_blocks.saturating_mul(input.block_size);
+    let uncached = input.prompt_tokens.saturating_sub(held);
+    let load = input.loads.get(pod).copied().unwrap_or_default();
+    load.placement_cost_s(uncached, not_before_s)
 }
 
 /// Affinity only among pods that are not overloaded (load up to `ceiling`): a warm owner takes
@@ -152,11 +157,8 @@ fn cold<S: AsRef<str>>(
     let Some(c) = computing else {
         return (target, Reason::Cold);
     };
-    let load = |p: usize| input.loads.get(p).copied().unwrap_or_default();
-    let held = c.blocks.saturating_mul(input.block_size);
-    let there =
-        load(c.pod).placement_cost_s(input.prompt_tokens.saturating_sub(held), c.ready_in_s);
-    let here = load(target).placement_cost_s(input.prompt_tokens, 0.0);
+    let there = cost_at(input, c.pod, c.blocks, c.ready_in_s);
+    let here = cost_at(input, target, 0, 0.0);
     if there <= here {
         (c.pod, Reason::Computing)
     } else {
