@@ -253,32 +253,24 @@ impl Measured {
 }
 
 /// The filter's decisions by reason over the run, from Envoy's counters
-/// (`prefix_router_decisions.<reason>.<model>`): `prefix_hit 812, cold 130, …`, most first.
+/// (`prefix_router_decisions{reason,model}`, summed over models): `prefix_hit 812, cold 130,
+/// …`, most first.
 fn decision_counts(envoy: &test_harness::cluster::Envoy) -> String {
+    use strum::IntoEnumIterator;
     let text = client()
-        .get(envoy.admin_url("/stats?filter=prefix_router_decisions"))
+        .get(envoy.admin_url("/stats/prometheus"))
         .send()
         .and_then(|r| r.text())
         .unwrap_or_default();
-    let mut counts: Vec<(String, u64)> = Vec::new();
-    for line in text.lines() {
-        let Some((name, value)) = line.split_once(": ") else {
-            continue;
-        };
-        let Ok(n) = value.trim().parse::<u64>() else {
-            continue;
-        };
-        let Some(rest) = name.split("prefix_router_decisions.").nth(1) else {
-            continue;
-        };
-        let reason = rest.split('.').next().unwrap_or(rest).to_owned();
-        match counts.iter_mut().find(|(r, _)| *r == reason) {
-            Some((_, c)) => *c += n,
-            None => counts.push((reason, n)),
-        }
-    }
-    counts.retain(|(_, n)| *n > 0);
-    counts.sort_by_key(|(r, n)| (std::cmp::Reverse(*n), r.clone()));
+    let mut counts: Vec<(String, f64)> = prefix_core::policy::ReasonKind::iter()
+        .map(|k| k.metric_suffix())
+        .filter_map(|r| {
+            let series = format!("prefix_router_decisions{{reason=\"{r}\"}}");
+            let n = test_harness::cluster::metric_value(&text, &series)?;
+            (n > 0.0).then_some((r, n))
+        })
+        .collect();
+    counts.sort_by(|(ra, a), (rb, b)| b.total_cmp(a).then(ra.cmp(rb)));
     counts
         .iter()
         .map(|(r, n)| format!("{r} {n}"))
