@@ -7,33 +7,60 @@
 use crate::replay::{quantile, Outcome};
 use std::fmt::Write as _;
 
-/// One line per reason, most requests first: `cold 130 (TTFT p50 450 ms, p90 610 ms)`; empty
-/// when the answers named no reason (debug headers off).
+/// One line per reason, most requests first: `cold 130 (TTFT p50 450 ms, p90 610 ms, 0.0
+/// blocks matched on average, 2% of prompt tokens cached)`; empty when the answers named no
+/// reason (debug headers off). The cached share is what the pods reported in the answers'
+/// usage: a `prefix-hit` with many blocks matched but few tokens cached was routed on
+/// ownership the pod no longer had. Left out when the pods report no usage.
 pub fn summary(outcomes: &[Outcome]) -> String {
-    let mut by: Vec<(&str, Vec<f64>, usize)> = Vec::new();
+    #[derive(Default)]
+    struct Sum<'a> {
+        reason: &'a str,
+        ttfts: Vec<f64>,
+        blocks: usize,
+        prompt: u64,
+        cached: u64,
+    }
+    let mut by: Vec<Sum<'_>> = Vec::new();
     for o in outcomes.iter().filter(|o| o.ok() && !o.reason.is_empty()) {
-        let ttft = o.ttft_ms.unwrap_or(f64::NAN);
-        match by.iter_mut().find(|(r, _, _)| *r == o.reason) {
-            Some((_, ttfts, blocks)) => {
-                ttfts.push(ttft);
-                *blocks += o.matched_blocks;
+        let i = match by.iter().position(|s| s.reason == o.reason) {
+            Some(i) => i,
+            None => {
+                by.push(Sum {
+                    reason: &o.reason,
+                    ..Sum::default()
+                });
+                by.len() - 1
             }
-            None => by.push((&o.reason, vec![ttft], o.matched_blocks)),
-        }
+        };
+        let s = &mut by[i];
+        s.ttfts.push(o.ttft_ms.unwrap_or(f64::NAN));
+        s.blocks += o.matched_blocks;
+        s.prompt += o.prompt_tokens;
+        s.cached += o.cached_tokens;
     }
-    by.sort_by_key(|(r, v, _)| (std::cmp::Reverse(v.len()), *r));
-    let mut s = String::new();
-    for (reason, ttfts, blocks) in by {
-        let n = ttfts.len();
+    by.sort_by_key(|s| (std::cmp::Reverse(s.ttfts.len()), s.reason));
+    let mut out = String::new();
+    for s in by {
+        let n = s.ttfts.len();
         let _ = write!(
-            s,
-            "{reason} {n} (TTFT p50 {:.0} ms, p90 {:.0} ms, {:.1} blocks matched on average); ",
-            quantile(&ttfts, 0.5),
-            quantile(&ttfts, 0.9),
-            blocks as f64 / n as f64
+            out,
+            "{} {n} (TTFT p50 {:.0} ms, p90 {:.0} ms, {:.1} blocks matched on average",
+            s.reason,
+            quantile(&s.ttfts, 0.5),
+            quantile(&s.ttfts, 0.9),
+            s.blocks as f64 / n as f64
         );
+        if s.prompt > 0 {
+            let _ = write!(
+                out,
+                ", {:.0}% of prompt tokens cached",
+                100.0 * s.cached as f64 / s.prompt as f64
+            );
+        }
+        out.push_str("); ");
     }
-    s.trim_end_matches("; ").to_owned()
+    out.trim_end_matches("; ").to_owned()
 }
 
 #[cfg(test)]
@@ -50,6 +77,8 @@ mod tests {
             pod: String::new(),
             reason: reason.to_owned(),
             matched_blocks: blocks,
+            prompt_tokens: 1000,
+            cached_tokens: (blocks * 100) as u64,
             error: None,
         }
     }
@@ -65,8 +94,12 @@ mod tests {
         let s = summary(&o);
         assert!(s.starts_with("prefix-hit 2 (TTFT p50"), "{s}");
         assert!(s.contains("6.0 blocks matched"), "{s}");
+        assert!(s.contains("60% of prompt tokens cached"), "{s}");
         assert!(
-            s.ends_with("cold 1 (TTFT p50 400 ms, p90 400 ms, 0.0 blocks matched on average)"),
+            s.ends_with(
+                "cold 1 (TTFT p50 400 ms, p90 400 ms, 0.0 blocks matched on average, \
+                 0% of prompt tokens cached)"
+            ),
             "{s}"
         );
         assert_eq!(summary(&o[3..]), "");

@@ -16,6 +16,7 @@ use tokio::sync::Semaphore;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Outcome {
+    /// When it was sent, from the replay's start (closed loop: when a client was free).
     pub at_ms: f64,
     pub status: u16,
     pub ttft_ms: Option<f64>,
@@ -30,6 +31,12 @@ pub struct Outcome {
     /// debug headers only).
     #[serde(default)]
     pub matched_blocks: usize,
+    /// Prompt tokens, and those the pod found in its prefix cache, from the answer's usage
+    /// (`prompt_tokens_details.cached_tokens`; 0 when the pod does not report them).
+    #[serde(default)]
+    pub prompt_tokens: u64,
+    #[serde(default)]
+    pub cached_tokens: u64,
     pub error: Option<String>,
 }
 
@@ -57,7 +64,7 @@ async fn one(
     tokio::time::sleep_until(due.into()).await;
     let sent = Instant::now();
     let mut out = Outcome {
-        at_ms: r.at_ms,
+        at_ms: sent.duration_since(start).as_secs_f64() * 1000.0,
         status: 0,
         ttft_ms: None,
         e2e_ms: 0.0,
@@ -65,6 +72,8 @@ async fn one(
         pod: String::new(),
         reason: String::new(),
         matched_blocks: 0,
+        prompt_tokens: 0,
+        cached_tokens: 0,
         error: None,
     };
     let work = async {
@@ -112,6 +121,12 @@ async fn one(
             }
             if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
                 counted = n;
+            }
+            if let Some(n) = v["usage"]["prompt_tokens"].as_u64() {
+                out.prompt_tokens = n;
+            }
+            if let Some(n) = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64() {
+                out.cached_tokens = n;
             }
         }
         out.output_tokens = counted;
