@@ -242,8 +242,12 @@ fn default_admin_cluster() -> String {
     "envoy_admin".to_owned()
 }
 
-/// Default of `poll_interval_ms`.
-pub const DEFAULT_POLL_INTERVAL_MS: u64 = 500;
+/// Default of `poll_interval_ms`. The table learns evictions from the events a poll brings,
+/// so until then a pod is taken to hold what it no longer does: on long prefixes with caches
+/// that hold about one context each, 100 ms instead of 500 gave +18 % req/s and +0.09 hit
+/// rate (`docs/benchmarks.md`, "Fresher events"). A poll is one small GET per pod (the
+/// Gateway API Inference Extension scrapes its pods' metrics every 50 ms).
+pub const DEFAULT_POLL_INTERVAL_MS: u64 = 100;
 /// Default of `table_capacity`.
 pub const DEFAULT_TABLE_CAPACITY: u64 = 65_536;
 

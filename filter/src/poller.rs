@@ -39,6 +39,10 @@ use std::time::Duration;
 /// poll: enough to drain the server's whole bounded history (8 × 512 events) in one period.
 pub const CATCH_UP_PAGES: u32 = 8;
 
+/// Shortest time a poll (or the members ask) is given to answer: a poll interval shorter
+/// than this does not make a pod under load that answers in 300 ms count as failing.
+pub const MIN_POLL_TIMEOUT_MS: u64 = 500;
+
 /// Largest admin answer read for the members (a pretty-printed host status is about 1 KB:
 /// this holds well over the 1024 members a router follows, with other clusters beside).
 pub const MAX_CLUSTERS_BODY: usize = 8 << 20;
@@ -276,7 +280,8 @@ impl Poller {
             (":path", "/clusters?format=json"),
             (":authority", "envoy-admin"),
         ];
-        let timeout = Duration::from_millis(router.config.poll_interval_ms.max(100));
+        let timeout =
+            Duration::from_millis(router.config.poll_interval_ms.max(MIN_POLL_TIMEOUT_MS));
         match host.dispatch_http_call(admin_cluster, &request, timeout) {
             Ok(token) => {
                 self.out.borrow_mut().insert(token, Out::Members);
@@ -333,7 +338,8 @@ impl Poller {
 
     /// Sends `ask` to the pod at `addr`.
     fn poll<H: Host>(&self, host: &H, router: &Router, metrics: &Metrics<H>, addr: &str, ask: Ask) {
-        let timeout = Duration::from_millis(router.config.poll_interval_ms.max(100));
+        let timeout =
+            Duration::from_millis(router.config.poll_interval_ms.max(MIN_POLL_TIMEOUT_MS));
         let path = ask.path();
         // the events page may be served beside the pod (a `kv-events` sidecar for vLLM)
         let target = match ask {
