@@ -3,9 +3,9 @@
 //! Why: block hashes are chained, so once a block of a prompt is held by no pod, no block
 //! after it can be, and a router has nothing to look up past it. Tokenizing the rest of a
 //! never-seen 2k-token prompt was most of the filter's own CPU on unique prompts (measured:
-//! `scripts/bench.sh filter`). The router asks for 1, 2, 4, … blocks while the deepest one it
-//! has is owned; the pod, and the filter's debug headers, take the whole prompt
-//! ([`PromptBlocks::finish`]). The tokens produced piece by piece are exactly the whole
+//! `scripts/bench.sh filter`). The router asks for the first block, and for the rest only
+//! when a pod holds or computes that one; the pod, and the filter's debug headers, take the
+//! whole prompt ([`PromptBlocks::finish`]). The tokens produced piece by piece are exactly the whole
 //! prompt's first tokens ([`crate::fast_bpe::FastBpe::encode_from`] cuts only where the
 //! encoding does not depend on what follows).
 

@@ -188,8 +188,8 @@ impl<H: Host> Metrics<H> {
         self.set(self.prepare_us, prepare_micros);
     }
 
-    /// Blocks of a prompt hashed and looked up: as deep as a pod owned it, or all of them
-    /// with debug headers (beside `matched_blocks`, how much tokenizing routing took).
+    /// Blocks of a prompt hashed and looked up: one when no pod holds its first block, else
+    /// all of them (and always all with debug headers) (beside `matched_blocks`, how much tokenizing routing took).
     pub fn hashed(&self, blocks: usize) {
         self.inc(self.hashed_blocks, blocks as i64);
     }

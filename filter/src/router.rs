@@ -297,9 +297,9 @@ impl Router {
     /// name the whole prompt's prefix), so the chosen pod is recorded as deep as it will hold
     /// the prompt. Hashing only as deep as the table already went (1, 2, 4, … blocks per
     /// repeat) left a young prefix recorded a block or two deep until the pod's events came,
-    /// and its owner then looked no better than a pod that lacked it: see `docs/benchmarks.md`
-    /// ("The whole prompt once its first block is held"). Returns what it read, for
-    /// [`decide`] to use rather than read again.
+    /// so its owner looked as if it held little (a small gain on long prefixes, measured in
+    /// `docs/benchmarks.md`, "Fresher events; the whole prompt once its first block is
+    /// held"). Returns what it read, for [`decide`] to use rather than read again.
     fn hash_owned_depth<S: Store>(
         &self,
         prompt: &mut PromptBlocks<'_>,
