@@ -5,9 +5,9 @@
 //! never-seen 2k-token prompt was most of the filter's own CPU on unique prompts (measured:
 //! `scripts/bench.sh filter`). The router asks for the first block, and for the rest only
 //! when a pod holds or computes that one; the pod, and the filter's debug headers, take the
-//! whole prompt ([`PromptBlocks::finish`]). The tokens produced piece by piece are exactly the whole
-//! prompt's first tokens ([`crate::fast_bpe::FastBpe::encode_from`] cuts only where the
-//! encoding does not depend on what follows).
+//! whole prompt ([`PromptBlocks::finish`]). The tokens produced piece by piece are exactly
+//! the whole prompt's first tokens ([`crate::fast_bpe::FastBpe::encode_from`] cuts only
+//! where the encoding does not depend on what follows).
 
 use crate::block::{extend_block_hashes, BlockHash, BlockSize};
 use crate::fast_bpe::{Cursor, FastBpe};

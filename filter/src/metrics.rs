@@ -189,7 +189,8 @@ impl<H: Host> Metrics<H> {
     }
 
     /// Blocks of a prompt hashed and looked up: one when no pod holds its first block, else
-    /// all of them (and always all with debug headers) (beside `matched_blocks`, how much tokenizing routing took).
+    /// all of them, as always with debug headers. Beside `matched_blocks`, how much
+    /// tokenizing routing took.
     pub fn hashed(&self, blocks: usize) {
         self.inc(self.hashed_blocks, blocks as i64);
     }

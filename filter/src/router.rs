@@ -76,11 +76,11 @@ pub struct Fleet {
 type Held = [Option<(usize, u64)>; WAYS];
 
 /// What [`decide`] is told of a prompt: its block hashes so far, its (estimated) length in
-/// tokens, and what the table says of the blocks already read (not read again).
+/// tokens, and what the table says of the block already read (not read again).
 struct PromptView<'a> {
     hashes: &'a [BlockHash],
     tokens: usize,
-    looked_up: &'a [(BlockHash, Held)],
+    looked_up: Option<(BlockHash, Held)>,
 }
 
 impl PromptView<'_> {
@@ -88,7 +88,7 @@ impl PromptView<'_> {
     const NONE: PromptView<'static> = PromptView {
         hashes: &[],
         tokens: 0,
-        looked_up: &[],
+        looked_up: None,
     };
 }
 
@@ -267,8 +267,8 @@ impl Router {
         fleet: &Fleet,
     ) -> Option<Decision> {
         // buckets read while hashing are not read again
-        let held = |h: BlockHash| match prompt.looked_up.iter().find(|(k, _)| *k == h) {
-            Some(&(_, held)) => held,
+        let held = |h: BlockHash| match prompt.looked_up.filter(|(k, _)| *k == h) {
+            Some((_, held)) => held,
             None => self.held(fleet, &table.owners(h)),
         };
         // a pod still computing a block does not hold it yet (`OwnershipTable::record`)
@@ -299,27 +299,23 @@ impl Router {
     /// repeat) left a young prefix recorded a block or two deep until the pod's events came,
     /// so its owner looked as if it held little (a small gain on long prefixes, measured in
     /// `docs/benchmarks.md`, "Fresher events; the whole prompt once its first block is
-    /// held"). Returns what it read, for [`decide`] to use rather than read again.
+    /// held"). Returns the first block's lookup, for [`decide`] to use rather than read again.
     fn hash_owned_depth<S: Store>(
         &self,
         prompt: &mut PromptBlocks<'_>,
         table: &OwnershipTable<'_, S>,
         fleet: &Fleet,
-    ) -> Vec<(BlockHash, Held)> {
-        let mut looked_up = Vec::new();
+    ) -> Option<(BlockHash, Held)> {
         let deepest = self.config.max_prompt_blocks();
         if self.config.debug_headers {
             prompt.extend_to(deepest);
             prompt.truncate(deepest);
-            return looked_up;
+            return None;
         }
         let healthy = |i: usize| fleet.loads.get(i).is_none_or(|l| l.healthy);
         prompt.extend_to(1);
-        let Some(&first) = prompt.hashes().first() else {
-            return looked_up;
-        };
+        let first = *prompt.hashes().first()?;
         let held = self.held(fleet, &table.owners(first));
-        looked_up.push((first, held));
         // ready or still being computed: either way deeper blocks may be there
         if held.into_iter().flatten().any(|(p, _)| healthy(p)) {
             prompt.extend_to(deepest);
@@ -328,7 +324,7 @@ impl Router {
             // only what was looked at is recorded
             prompt.truncate(1);
         }
-        looked_up
+        Some((first, held))
     }
 
     /// Plain balancing (least loaded among healthy pods, rotating among equals), e.g. for
@@ -414,7 +410,7 @@ impl Router {
             &PromptView {
                 hashes,
                 tokens: prompt_tokens,
-                looked_up: &looked_up,
+                looked_up,
             },
             now,
             &fleet,
