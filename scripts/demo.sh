@@ -191,10 +191,11 @@ echo "pods:       $(for i in "${!PODS[@]}"; do printf 'pod-%s=%s ' "$i" "${PODS[
 # --- Envoy with the filter ----------------------------------------------------------------------
 start_envoy() {
   ENVOY_PORT=${ENVOY_GIVEN:-$(free_port)} ADMIN_PORT=${ADMIN_GIVEN:-$(free_port)}
-  local vllm_args=()
+  # the filter carries no vocabulary: Envoy serves it the model's tokenizer files on a
+  # loopback port (the default model's installed directory unless --tokenizer-dir says)
+  local vllm_args=(--assets-port "$(free_port)")
   if [ "$BACKEND" = vllm ]; then # the tokenizer vLLM serves, and where each pod's events are
-    vllm_args=(--tokenizer-dir "$HF_DIR" --assets-port "$(free_port)"
-               --events-addresses "$(IFS=,; echo "${SIDECARS[*]}")")
+    vllm_args+=(--tokenizer-dir "$HF_DIR" --events-addresses "$(IFS=,; echo "${SIDECARS[*]}")")
   fi
   "$ROOT/target/debug/render-envoy-config" --pods "$(IFS=,; echo "${PODS[*]}")" \
     --listen-port "$ENVOY_PORT" --admin-port "$ADMIN_PORT" --wasm "$WASM" --debug-headers "${vllm_args[@]}" \
@@ -208,6 +209,14 @@ start_envoy() {
   PIDS+=("$PID")
 }
 start_ready envoy "$ENVOY_PINNED" start_envoy
+# each of Envoy's filter VMs (2 workers, the main thread) fetches the tokenizer just after
+# start; requests are balanced by load until then
+tokenizer_loads() {
+  curl -s "http://127.0.0.1:$ADMIN_PORT/stats/prometheus" |
+    awk '$1 == "prefix_router_tokenizer_loads" || index($1, "prefix_router_tokenizer_loads{") == 1 { s += $2 } END { printf "%d", s }'
+}
+for _ in $(seq 1 300); do [ "$(tokenizer_loads)" -ge 3 ] && break; sleep 0.1; done
+[ "$(tokenizer_loads)" -ge 3 ] || fail "the filter never loaded the tokenizer; see $RUN/envoy.log"
 echo "envoy:      listener 127.0.0.1:$ENVOY_PORT, admin 127.0.0.1:$ADMIN_PORT"
 
 # --- Prometheus -----------------------------------------------------------------------------------

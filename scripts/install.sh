@@ -3,6 +3,8 @@
 #   render-envoy-config        -> $PREFIX/bin (default ~/.local/bin), by cargo install
 #   prefix_router_filter.wasm  -> ${XDG_DATA_HOME:-~/.local/share}/prefix-router/, where
 #                                 render-envoy-config looks when --wasm is not given
+#   the default model's tokenizer files -> …/prefix-router/models/SmolLM2-135M-Instruct/,
+#                                 where it looks when --tokenizer-dir is not given
 # Then: render-envoy-config --config gateway.yaml -o envoy.yaml (anywhere).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,4 +16,9 @@ cargo install --quiet --locked --debug --path config-tool --root "$PREFIX" --tar
 wasm=$(scripts/build-filter.sh)
 mkdir -p "$DATA"
 cp "$wasm" "$DATA/"
-echo "installed $PREFIX/bin/render-envoy-config and $DATA/$(basename "$wasm")"
+model=SmolLM2-135M-Instruct
+src=${PREFIX_ROUTER_DATA:-data}/models/$model
+mkdir -p "$DATA/models/$model"
+cp "$src/tokenizer.json" "$src/tokenizer_config.json" "$DATA/models/$model/"
+echo "installed $PREFIX/bin/render-envoy-config, $DATA/$(basename "$wasm") and $DATA/models/$model/"
+

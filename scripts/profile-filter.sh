@@ -2,7 +2,7 @@
 # Profiles the filter's per-request path under V8 with function names, which Envoy's
 # stripped binary cannot give: builds the filter's tests for wasm32 (release), runs the
 # ignored test `native_request_path` (parse, route, answer, release; a fake host; the
-# embedded SmolLM2 tokenizer; 2k-token completion prompts) under node's WASI with
+# installed SmolLM2 tokenizer, read from data/; 2k-token completion prompts) under node's WASI with
 # --cpu-prof, and prints the heaviest functions by self and inclusive time.
 #   scripts/profile-filter.sh            prompts unique by a leading counter
 #   SAME=1 scripts/profile-filter.sh     the same prompt every time

@@ -59,10 +59,11 @@ pub struct Args {
     /// ~/.local/share/prefix-router/prefix_router_filter.wasm, else this checkout's build).
     #[arg(long)]
     wasm: Option<PathBuf>,
-    /// Route for the model in this directory (`tokenizer.json`, optional
-    /// `tokenizer_config.json`, as on the Hugging Face hub): Envoy serves the files on
-    /// 127.0.0.1:--assets-port and the filter fetches them at start, instead of using the
-    /// tokenizer built into the .wasm.
+    /// The model's directory (`tokenizer.json`, optional `tokenizer_config.json` and
+    /// `chat_template.jinja`, as on the Hugging Face hub): Envoy serves the files on
+    /// 127.0.0.1:--assets-port and the filter fetches them at start (the .wasm carries no
+    /// vocabulary). Required for any model but the default, whose installed directory is
+    /// found as --wasm is.
     #[arg(long)]
     tokenizer_dir: Option<PathBuf>,
     /// `--tokenizer-dir` exists only where Envoy runs (e.g. a Kubernetes pod's volume): not
@@ -204,6 +205,24 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The tokenizer directory of a model none was given for: none without the filter; the
+/// installed one for the default model; for any other, an error naming `flag`.
+pub fn default_tokenizer_dir(
+    filter: bool,
+    model: &str,
+    flag: &str,
+) -> anyhow::Result<Option<PathBuf>> {
+    if !filter {
+        return Ok(None);
+    }
+    if model != defaults::MODEL_NAME {
+        anyhow::bail!(
+            "{flag} is required for model '{model}': the filter carries no vocabulary and fetches the model's tokenizer.json (from a Hugging Face model directory) at start"
+        );
+    }
+    crate::install::default_tokenizer_dir(|k| std::env::var(k).ok()).map(Some)
+}
+
 /// The settings the flags describe.
 fn settings(a: Args, wasm: Option<PathBuf>) -> anyhow::Result<EnvoySettings> {
     let membership = match (&a.eds_file, all_addresses(&a.pods)) {
@@ -223,7 +242,10 @@ fn settings(a: Args, wasm: Option<PathBuf>) -> anyhow::Result<EnvoySettings> {
     s.poll_interval_ms = a.poll_interval_ms;
     s.listen_address = a.listen_address.to_string();
     s.stats_port = a.stats_port;
-    s.tokenizer_dir = a.tokenizer_dir;
+    s.tokenizer_dir = match a.tokenizer_dir {
+        Some(d) => Some(d),
+        None => default_tokenizer_dir(s.wasm.is_some(), &s.model_name, "--tokenizer-dir")?,
+    };
     s.tokenizer_dir_remote = a.tokenizer_dir_in_envoy;
     s.adapters = a.adapters;
     s.aliases = a.model_aliases;

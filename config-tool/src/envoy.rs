@@ -34,7 +34,7 @@ pub struct EnvoySettings {
     pub stats_port: Option<u16>,
     /// A Hugging Face–style model directory (`tokenizer.json`, optional
     /// `tokenizer_config.json`) that Envoy serves on `assets_port` (loopback) for the filter
-    /// to fetch at start, instead of the tokenizer built into the .wasm.
+    /// to fetch at start: required with the filter, which carries no vocabulary.
     pub tokenizer_dir: Option<PathBuf>,
     /// `tokenizer_dir` exists only where Envoy runs (a Kubernetes pod's volume): it is not
     /// looked at here, and is taken to hold both files.
@@ -470,6 +470,15 @@ pub fn render(settings: &EnvoySettings) -> anyhow::Result<String> {
         }
     }
     if settings.wasm.is_some() {
+        // the .wasm carries no vocabulary: every model's tokenizer is served by Envoy
+        for pool in settings.pools()? {
+            if pool.tokenizer.is_none() {
+                anyhow::bail!(
+                    "model '{}' has no tokenizer directory (tokenizer-dir): the filter carries no vocabulary and fetches the model's tokenizer.json at start",
+                    pool.model_name
+                );
+            }
+        }
         PluginConfig::parse(settings.plugin_config().as_bytes())?;
     }
     render_unchecked(settings)

@@ -220,7 +220,14 @@ impl GatewayFile {
         s.assets_port = self.listen.assets_port;
         s.model_name = first.model;
         s.block_size = first.block_size.unwrap_or(defaults::BLOCK_SIZE);
-        s.tokenizer_dir = first.tokenizer_dir;
+        s.tokenizer_dir = match first.tokenizer_dir {
+            Some(d) => Some(d),
+            None => crate::cli::default_tokenizer_dir(
+                s.wasm.is_some(),
+                &s.model_name,
+                "pools[0].tokenizer_dir",
+            )?,
+        };
         s.tokenizer_dir_remote = first.tokenizer_dir_in_envoy;
         s.adapters = first.adapters;
         s.aliases = first.aliases;
@@ -322,7 +329,7 @@ mod tests {
     #[test]
     fn a_file_becomes_the_settings_the_flags_would_make() {
         let f = GatewayFile::parse(
-            "pools:\n  - {model: a, pods: [10.0.0.1:8000], block_size: 16, adapters: [sql]}\n  - {model: b, pods: [10.0.0.2:8000]}\n\
+            "pools:\n  - {model: a, pods: [10.0.0.1:8000], block_size: 16, adapters: [sql], tokenizer_dir: /m/a, tokenizer_dir_in_envoy: true}\n  - {model: b, pods: [10.0.0.2:8000], tokenizer_dir: /m/b}\n\
              weights: {prefix: 4}\ndown_after_failures: 3\nlimits: {route_timeout: 600s}\n\
              inference_paths: {/v1/generate: completions, /v1/audio: null}\nunknown_model: b\n",
         )
@@ -338,5 +345,30 @@ mod tests {
         assert_eq!(plugin["unknown_model"], "b");
         assert_eq!(plugin["inference_paths"]["/v1/generate"], "completions");
         assert_eq!(plugin["models"][0]["adapters"][0], "sql");
+        assert_eq!(
+            plugin["models"][1]["tokenizer"]["path"],
+            "/models/1/tokenizer.json"
+        );
+    }
+
+    /// The .wasm carries no vocabulary: a model other than the default one needs its
+    /// directory, named by its field; without the filter none is needed.
+    #[test]
+    fn a_model_without_a_tokenizer_directory_is_refused() {
+        let yaml = "pools: [{model: m, pods: [10.0.0.1:8000]}]";
+        let e = GatewayFile::parse(yaml)
+            .unwrap()
+            .settings(Some(PathBuf::from("/f.wasm")))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("pools[0].tokenizer_dir is required"), "{e}");
+        assert!(GatewayFile::parse(yaml).unwrap().settings(None).is_ok());
+        let two = "pools: [{model: m, pods: [10.0.0.1:8000], tokenizer_dir: /m, tokenizer_dir_in_envoy: true}, {model: n, pods: [10.0.0.2:8000]}]";
+        let s = GatewayFile::parse(two)
+            .unwrap()
+            .settings(Some(PathBuf::from("/f.wasm")))
+            .unwrap();
+        let e = crate::envoy::render(&s).unwrap_err().to_string();
+        assert!(e.contains("model 'n' has no tokenizer directory"), "{e}");
     }
 }

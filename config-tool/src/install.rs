@@ -2,6 +2,8 @@
 //! works outside a checkout: `$PREFIX_ROUTER_WASM`; then the install location
 //! (`$XDG_DATA_HOME/prefix-router/`, by default `~/.local/share/prefix-router/`, where
 //! `scripts/install.sh` copies it); then the build of the checkout this tool was built in.
+//! Likewise the default model's tokenizer directory (the .wasm carries no vocabulary): under
+//! `$PREFIX_ROUTER_DATA/models/`, the install location's `models/`, or the checkout's `data/`.
 
 use std::path::{Path, PathBuf};
 
@@ -44,6 +46,34 @@ pub fn default_wasm(env: impl Fn(&str) -> Option<String>) -> anyhow::Result<Path
     )
 }
 
+/// The tokenizer directory of the default model ([`defaults::MODEL_NAME`], what
+/// `scripts/setup.sh` installs), for a command line that names neither a model nor a
+/// directory: the first of the places above holding its `tokenizer.json`, or an error naming
+/// every place looked at.
+pub fn default_tokenizer_dir(env: impl Fn(&str) -> Option<String>) -> anyhow::Result<PathBuf> {
+    use prefix_core::protocol::defaults;
+    let checkout = Path::new(env!("CARGO_MANIFEST_DIR")).join("../data");
+    let candidates = env(defaults::DATA_DIR_ENV)
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .into_iter()
+        .chain(data_dir(&env))
+        .chain([checkout])
+        .map(|d| defaults::model_dir(&d));
+    let mut looked = Vec::new();
+    for dir in candidates {
+        if dir.join("tokenizer.json").is_file() {
+            return Ok(dir.canonicalize().unwrap_or(dir));
+        }
+        looked.push(dir.display().to_string());
+    }
+    anyhow::bail!(
+        "no tokenizer for the default model {} found (looked at {}); pass --tokenizer-dir with the model's Hugging Face directory (the filter carries no vocabulary)",
+        defaults::MODEL_NAME,
+        looked.join(", ")
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,5 +99,25 @@ mod tests {
             default_wasm(env(&[("PREFIX_ROUTER_WASM", "/x.wasm")])).unwrap(),
             PathBuf::from("/x.wasm")
         );
+    }
+
+    #[test]
+    fn the_default_tokenizer_is_looked_for_in_each_data_directory() {
+        let root = std::env::temp_dir().join(format!("prefix-router-tok-{}", std::process::id()));
+        let dir = prefix_core::protocol::defaults::model_dir(&root.join("prefix-router"));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("tokenizer.json"), "{}").unwrap();
+        let xdg = root.display().to_string();
+        let env = |k: &str| match k {
+            "XDG_DATA_HOME" => Some(xdg.clone()),
+            "PREFIX_ROUTER_DATA" => Some("/nowhere".to_owned()),
+            _ => None,
+        };
+        assert_eq!(
+            default_tokenizer_dir(env).unwrap(),
+            dir.canonicalize().unwrap(),
+            "the install location, after an empty $PREFIX_ROUTER_DATA"
+        );
+        std::fs::remove_dir_all(&root).unwrap();
     }
 }

@@ -1,6 +1,7 @@
 //! The installed tool outside any checkout: run from an empty directory with a home of its
-//! own, it finds the filter at the install location (where `scripts/install.sh` puts it),
-//! renders a YAML-described gateway that a real Envoy accepts, and names a bad field.
+//! own, it finds the filter and the default model's tokenizer at the install location (where
+//! `scripts/install.sh` puts them), renders a YAML-described gateway that a real Envoy
+//! accepts, and names a bad field.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
@@ -18,6 +19,7 @@ pools:
     pods: [127.0.0.1:8001, 127.0.0.1:8002]
   - model: Qwen2.5-0.5B-Instruct
     pods: [127.0.0.1:9001]
+    tokenizer_dir: QWEN_DIR
     block_size: 16
     adapters: [sql]
 weights: { prefix: 6, inflight: 2 }
@@ -39,7 +41,20 @@ fn renders_a_gateway_file_anywhere_with_the_installed_filter() {
     std::fs::create_dir_all(&data).unwrap();
     let installed = data.join("prefix_router_filter.wasm");
     std::fs::copy(&wasm, &installed).unwrap();
-    std::fs::write(home.join("gateway.yaml"), GATEWAY).unwrap();
+    // the default model's tokenizer, as scripts/install.sh copies it
+    let model = prefix_core::protocol::defaults::MODEL_NAME;
+    let tokenizer = data.join("models").join(model);
+    std::fs::create_dir_all(&tokenizer).unwrap();
+    let setup = checkout().join("data/models").join(model);
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(setup.join(f), tokenizer.join(f)).expect("scripts/setup.sh");
+    }
+    let qwen = checkout()
+        .join("data/tokenizers/qwen2.5")
+        .canonicalize()
+        .unwrap();
+    let gateway = GATEWAY.replace("QWEN_DIR", qwen.to_str().unwrap());
+    std::fs::write(home.join("gateway.yaml"), &gateway).unwrap();
     let run = |args: &[&str]| {
         Command::new(env!("CARGO_BIN_EXE_render-envoy-config"))
             .args(args)
@@ -60,6 +75,10 @@ fn renders_a_gateway_file_anywhere_with_the_installed_filter() {
     assert!(
         yaml.contains(installed.to_str().unwrap()),
         "the installed .wasm"
+    );
+    assert!(
+        yaml.contains(tokenizer.join("tokenizer.json").to_str().unwrap()),
+        "the installed tokenizer, served to the filter"
     );
     for part in [
         "pods_1",
@@ -87,7 +106,7 @@ fn renders_a_gateway_file_anywhere_with_the_installed_filter() {
     // a mistake is named by its path in the file, and by the filter's own validation
     std::fs::write(
         home.join("bad.yaml"),
-        GATEWAY.replace("block_size: 16", "block_size: lots"),
+        gateway.replace("block_size: 16", "block_size: lots"),
     )
     .unwrap();
     let out = run(&["--config", "bad.yaml"]);
@@ -98,7 +117,7 @@ fn renders_a_gateway_file_anywhere_with_the_installed_filter() {
     );
     std::fs::write(
         home.join("bad.yaml"),
-        GATEWAY.replace("prefix: 6", "prefix: -6"),
+        gateway.replace("prefix: 6", "prefix: -6"),
     )
     .unwrap();
     let out = run(&["--config", "bad.yaml"]);

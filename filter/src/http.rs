@@ -1,19 +1,18 @@
 //! The HTTP context: one per request stream. It scrubs any client-sent destination, holds an
 //! inference request until its body is complete, finds its model's [`Router`], asks it for a
 //! decision and writes it to the destination header (and, with several models, the model's
-//! cluster to the route-cluster header); on the response it notes a pod that refused the connection,
-//! adds the debug headers, marks the prompt's blocks as the pod's once its answer starts
-//! ([`Router::settle`]), and at the end releases the request's in-flight slot.
+//! cluster to the route-cluster header). The decision is a [`Ticket`], which the answer's
+//! events are handed to: it notes a pod that refused the connection, adds the debug headers,
+//! marks the prompt's blocks as the pod's once its answer starts, and at the end releases the
+//! request's in-flight slot.
 
 use crate::host::{EnvoyHost, Headers, Host, Level};
-use crate::members::Placement;
 use crate::metrics::Metrics;
 use crate::models::{Lookup, Model, Models};
-use crate::poller::mark_down;
-use crate::router::{Pending, Router};
-use prefix_core::liveness::is_connect_failure;
+use crate::router::Router;
+use crate::ticket::Ticket;
 use prefix_core::policy::Reason;
-use prefix_core::protocol::headers::{self, debug};
+use prefix_core::protocol::headers;
 use prefix_core::request::{parse_request, PathKind};
 use prefix_core::ApiError;
 use proxy_wasm::traits::{Context, HttpContext};
@@ -34,19 +33,8 @@ pub struct RouterHttp<H: Host> {
     /// Set for an inference request (a POST to an inference path: read by prefix, or only
     /// for its model) until it is decided.
     reading: Option<PathKind>,
-    /// The decision, with the members it was made among.
-    pub placed: Option<Placement>,
-    prefix_hash: Option<String>,
-    /// `READ/TOTAL` bytes, when the prompt was read only in part
-    read_short: Option<String>,
-    /// this request holds an in-flight slot on the chosen pod
-    counted: bool,
-    /// blocks recorded as the chosen pod's from its predicted prefill end, to settle when its
-    /// answer starts sooner
-    pending: Option<Pending>,
-    /// The address that answered, once read (with the answer's headers: no retry follows
-    /// them), so the end of the stream does not ask Envoy again.
-    served_by: Option<Option<String>>,
+    /// The decision and what it holds until the stream ends.
+    pub ticket: Option<Ticket>,
     done: bool,
 }
 
@@ -58,14 +46,14 @@ impl<H: Host> RouterHttp<H> {
             router: None,
             metrics: None,
             reading: None,
-            placed: None,
-            prefix_hash: None,
-            read_short: None,
-            counted: false,
-            pending: None,
-            served_by: None,
+            ticket: None,
             done: false,
         }
+    }
+
+    /// Where the request was placed, once decided.
+    pub fn placed(&self) -> Option<&crate::members::Placement> {
+        self.ticket.as_ref().map(|t| &t.placed)
     }
 
     /// This request is for `model`: its router decides, its metrics count, and with several
@@ -79,7 +67,8 @@ impl<H: Host> RouterHttp<H> {
     /// Writes the chosen pod, then its fallbacks: `ip:port,ip:port,…`. Envoy's override-host
     /// balancer takes them in order, one per try, and only ever connects to members of the
     /// pods cluster.
-    fn set_destination(&mut self, placed: Placement) {
+    fn set_destination(&mut self, ticket: Ticket) {
+        let placed = &ticket.placed;
         self.host.set_header(
             Headers::Request,
             headers::DESTINATION,
@@ -88,7 +77,7 @@ impl<H: Host> RouterHttp<H> {
         if let Some(m) = &self.metrics {
             m.decision(placed.decision.reason, placed.model);
         }
-        self.placed = Some(placed);
+        self.ticket = Some(ticket);
     }
 
     fn reject(&mut self, e: &ApiError) -> Action {
@@ -150,20 +139,18 @@ impl<H: Host> RouterHttp<H> {
         match routed {
             // no members at all: nothing to choose from; Envoy balances it (or answers 503)
             Ok(None) => Action::Continue,
-            Ok(Some(routed)) => {
-                let t = &routed.table;
-                model.metrics.table(t.filled, t.replaced, t.conflicts);
+            Ok(Some(ticket)) => {
+                let c = &ticket.cost;
+                model
+                    .metrics
+                    .table(c.table.filled, c.table.replaced, c.table.conflicts);
                 let took_us = host.now_nanos().saturating_sub(started) / 1_000;
-                model.metrics.route_time(took_us, routed.prepare_us);
-                model.metrics.hashed(routed.hashed_blocks);
-                self.prefix_hash = routed.prefix_hash.map(|h| h.to_hex());
-                if let Some((read, total)) = routed.read_short {
+                model.metrics.route_time(took_us, c.prepare_us);
+                model.metrics.hashed(c.hashed_blocks);
+                if ticket.read_short.is_some() {
                     model.metrics.read_short();
-                    self.read_short = Some(format!("{read}/{total}"));
                 }
-                self.counted = routed.counted;
-                self.pending = routed.pending;
-                self.set_destination(routed.placed);
+                self.set_destination(ticket);
                 Action::Continue
             }
             Err(e) => self.reject(&e),
@@ -187,7 +174,7 @@ impl<H: Host> RouterHttp<H> {
         };
         self.use_model(models, model);
         if let Some(placed) = model.router.plain(&*self.host, Reason::Passthrough) {
-            self.set_destination(placed);
+            self.set_destination(Ticket::by_load(placed));
         }
         Action::Continue
     }
@@ -235,7 +222,7 @@ impl<H: Host> RouterHttp<H> {
             };
             self.use_model(&models, model);
             if let Some(placed) = model.router.plain(&*host, Reason::Passthrough) {
-                self.set_destination(placed);
+                self.set_destination(Ticket::by_load(placed));
             }
             return Action::Continue;
         }
@@ -279,90 +266,28 @@ impl<H: Host> RouterHttp<H> {
     }
 
     pub fn response_headers(&mut self) -> Action {
-        let (Some(router), Some(placed)) = (self.router.clone(), self.placed.as_ref()) else {
-            return Action::Continue;
-        };
-        let d = placed.decision;
-        let host = &*self.host;
-        let status = host
-            .header(Headers::Response, ":status")
-            .unwrap_or_default();
-        // only the chosen pod's success means it computed the prompt
-        let served = self.served_by.insert(host.upstream_address());
-        let served_elsewhere = served.as_deref().is_some_and(|a| a != placed.pod());
-        if !status.starts_with('2') || served_elsewhere {
-            self.pending = None;
-        }
-        let from_pod = || host.header(Headers::Response, headers::POD).is_some();
-        if is_connect_failure(&status, from_pod) {
-            let addr = placed.pod();
-            let down_after = router.config.down_after_failures;
-            if mark_down(host, &router.keys, addr, down_after).is_some() {
-                host.log(
-                    Level::Warn,
-                    &format!("prefix-router: pod {addr} failed a request ({status}); marked down"),
-                );
-            }
-        }
-        if router.config.debug_headers {
-            let set = |name, value: &str| host.set_header(Headers::Response, name, Some(value));
-            set(debug::POD, placed.pod());
-            set(debug::REASON, d.reason.as_str());
-            set(
-                debug::MATCHED_BLOCKS,
-                &d.reason.matched_blocks().to_string(),
-            );
-            if let Some(h) = &self.prefix_hash {
-                set(debug::PREFIX_HASH, h);
-            }
-            if let Some(r) = &self.read_short {
-                set(debug::PROMPT_READ, r);
-            }
+        if let (Some(router), Some(ticket)) = (&self.router, &mut self.ticket) {
+            ticket.answer_headers(&*self.host, router);
         }
         Action::Continue
     }
 
     /// A chunk of the answer: the first one (a streamed answer's first token, or a whole
-    /// answer) means the chosen pod has computed the prompt, so its pending blocks are ready.
+    /// answer) means the chosen pod has computed the prompt.
     pub fn response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         if body_size > 0 || end_of_stream {
-            if let (Some(p), Some(router), Some(placed)) = (
-                self.pending.take(),
-                self.router.as_ref(),
-                self.placed.as_ref(),
-            ) {
-                router.settle(&*self.host, placed, &p);
+            if let (Some(router), Some(ticket)) = (&self.router, &mut self.ticket) {
+                ticket.answer_started(&*self.host, router);
             }
         }
         Action::Continue
     }
 
-    /// The stream is over, however it ended: release the in-flight slot, and if Envoy had to
-    /// retry on a fallback, count it and note the failure of the chosen pod (the poller
-    /// confirms or clears that on its next round).
+    /// The stream is over, however it ended: the ticket releases what it holds.
     pub fn log(&mut self) {
-        let (Some(router), Some(placed)) = (self.router.clone(), self.placed.as_ref()) else {
-            return;
-        };
-        if std::mem::take(&mut self.counted) {
-            router.release(&*self.host, placed);
-        }
-        let chosen = placed.pod();
-        let served = match self.served_by.take() {
-            Some(read) => read,
-            None => self.host.upstream_address(),
-        };
-        if served.is_some_and(|s| s != chosen) && self.reading.is_some() {
-            if let Some(m) = &self.metrics {
-                m.served_elsewhere();
-            }
-            let down_after = router.config.down_after_failures;
-            if mark_down(&*self.host, &router.keys, chosen, down_after).is_some() {
-                self.host.log(
-                    Level::Warn,
-                    &format!("prefix-router: pod {chosen} failed a try; another pod answered"),
-                );
-            }
+        if let (Some(router), Some(ticket)) = (&self.router, &mut self.ticket) {
+            let read_body = self.reading.is_some();
+            ticket.end(&*self.host, router, self.metrics.as_deref(), read_body);
         }
     }
 }
@@ -401,6 +326,7 @@ mod tests {
     use crate::host::fake::FakeHost;
     use crate::pods::{read_state, Inflight};
     use crate::testing;
+    use prefix_core::protocol::headers::debug;
     use prefix_core::request::Endpoint;
     use prefix_core::router_config::RouterConfig;
 
@@ -478,7 +404,7 @@ mod tests {
         );
         let (first, last) = s.body(r#"{"prompt":"abcdefghijklmnop"}"#);
         assert_eq!((first, last), (Action::Pause, Action::Continue));
-        let placed = s.ctx.placed.clone().unwrap();
+        let placed = s.ctx.placed().cloned().unwrap();
         let d = placed.decision;
         assert_eq!(d.reason, Reason::Cold);
         // the chosen pod, then the other two as ranked fallbacks
@@ -507,7 +433,7 @@ mod tests {
         assert_eq!(
             again
                 .ctx
-                .placed
+                .placed()
                 .as_ref()
                 .map(|p| (p.decision.pod, p.decision.reason)),
             Some((d.pod, Reason::PrefixHit { blocks: 4 }))
@@ -523,7 +449,7 @@ mod tests {
             let mut s = stream(&f, &POST);
             s.ctx.request_headers(false);
             s.body(r#"{"prompt":"abcdefghijklmnop"}"#);
-            let d = s.ctx.placed.as_ref().map(|p| p.decision);
+            let d = s.ctx.placed().map(|p| p.decision);
             s.respond(status, true);
             if answer {
                 assert_eq!(s.ctx.response_body(12, false), Action::Continue);
@@ -597,7 +523,7 @@ mod tests {
             br#"{"pods":["127.0.0.1:8001"],"model_name":"SmolLM2-135M-Instruct","block_size":128}"#,
         )
         .unwrap();
-        let bundle = crate::tokenizer::embedded_bundle(&config).ok();
+        let bundle = Some(testing::installed_bundle(&config));
         let models = Rc::new(testing::models_of(&host, Router::new(config, bundle, 0)));
         let text = "check the service logs before restarting any node ".repeat(225);
         let n = std::env::var("ROUNDS")
@@ -699,10 +625,7 @@ mod tests {
                 ],
             );
             assert_eq!(s.ctx.request_headers(false), Action::Continue, "{path}");
-            assert_eq!(
-                s.ctx.placed.as_ref().unwrap().decision.reason,
-                Reason::Passthrough
-            );
+            assert_eq!(s.ctx.placed().unwrap().decision.reason, Reason::Passthrough);
             let dest = s.destination().unwrap();
             assert!(dest.starts_with("127.0.0.1:800"), "{dest}");
             assert_eq!(
@@ -751,7 +674,7 @@ mod tests {
             assert_eq!(sent.status, status, "{body}");
             let v: serde_json::Value = serde_json::from_slice(&sent.body).unwrap();
             assert!(v["error"]["message"].is_string(), "{v}");
-            assert!(s.ctx.placed.is_none());
+            assert!(s.ctx.placed().is_none());
             assert_eq!(s.inflight(), [0, 0, 0]);
         }
         assert_eq!(f.0.metric("prefix_router_rejected"), 4);
@@ -763,7 +686,7 @@ mod tests {
         let mut s = stream(&f, &POST);
         s.ctx.request_headers(false);
         s.body(r#"{"prompt":"abcdefgh"}"#);
-        let pod = s.ctx.placed.as_ref().unwrap().pod().to_owned();
+        let pod = s.ctx.placed().unwrap().pod().to_owned();
         s.respond("503", true); // the pod itself answered 503: it is alive
         assert!(read_state(&*f.0, &s.router.keys, &pod).0.healthy);
         s.respond("503", false); // Envoy answered: the pod refused or reset
@@ -773,7 +696,7 @@ mod tests {
         let mut next = stream(&f, &POST);
         next.ctx.request_headers(false);
         next.body(r#"{"prompt":"abcdefgh"}"#);
-        assert_ne!(next.ctx.placed.as_ref().unwrap().pod(), pod);
+        assert_ne!(next.ctx.placed().unwrap().pod(), pod);
     }
 
     #[test]
@@ -782,7 +705,7 @@ mod tests {
         let mut s = stream(&f, &POST);
         s.ctx.request_headers(false);
         s.body(r#"{"prompt":"abcdefgh"}"#);
-        let placed = s.ctx.placed.clone().unwrap();
+        let placed = s.ctx.placed().cloned().unwrap();
         let chosen = placed.pod().to_owned();
         let fallback = placed.fallbacks().next().unwrap().to_owned();
         // the chosen pod answered: nothing to note
@@ -794,11 +717,7 @@ mod tests {
         let mut s = stream(&f, &POST);
         s.ctx.request_headers(false);
         s.body(r#"{"prompt":"abcdefgh"}"#);
-        assert_eq!(
-            s.ctx.placed.as_ref().unwrap().pod(),
-            chosen,
-            "still the owner"
-        );
+        assert_eq!(s.ctx.placed().unwrap().pod(), chosen, "still the owner");
         *f.0.upstream.borrow_mut() = Some(fallback);
         s.respond("200", true);
         s.ctx.log();
@@ -888,7 +807,7 @@ mod tests {
         *f.0.body.borrow_mut() = br#"{"prompt":"abcdefgh"}"#.to_vec();
         assert_eq!(s.ctx.request_body(21, false), Action::Pause);
         assert_eq!(s.ctx.request_trailers(), Action::Continue);
-        assert_eq!(s.ctx.placed.as_ref().unwrap().decision.reason, Reason::Cold);
+        assert_eq!(s.ctx.placed().unwrap().decision.reason, Reason::Cold);
         // headers-only POST: decided on the (empty) body, the server's own 400
         let mut s = stream(&f, &POST);
         assert_eq!(s.ctx.request_headers(true), Action::Pause);

@@ -15,13 +15,16 @@
 //! In request order:
 //!
 //! - [`root`]: the root context (one per worker VM): configuration, tokenizer, ticks.
-//! - [`tokenizer`]: the model's tokenizer and chat template, embedded at build time;
-//!   [`model_fetch`]: or fetched at run time through an Envoy cluster (`tokenizer` config).
+//! - [`model_fetch`]: the model's tokenizer and chat template, fetched at run time through an
+//!   Envoy cluster (`tokenizer` config): the .wasm carries no vocabulary.
 //! - [`http`]: the HTTP context (one per stream): scrub, buffer, route, debug headers,
 //!   settle the pending blocks when the answer starts, release.
 //! - [`models`]: the models one filter serves (a router each), and which one a request is
 //!   for.
-//! - [`router`]: body → prompt → block hashes → fleet view → decision → table record.
+//! - [`router`]: body → prompt → block hashes → fleet view → decision → table record
+//!   (prepare → decide → record), giving a [`ticket::Ticket`].
+//! - [`ticket`]: one routed request from its decision to its stream's end: held slot,
+//!   pending ownership, debug headers, a failed pod marked down.
 //! - [`members`]: the fleet's current members (configured, or followed from Envoy's
 //!   cluster), and a decision placed on them.
 //! - [`ownership`]: the ownership table's reads and writes in shared data.
@@ -45,7 +48,7 @@ pub mod pods;
 pub mod poller;
 pub mod root;
 pub mod router;
-pub mod tokenizer;
+pub mod ticket;
 
 #[cfg(test)]
 mod testing;

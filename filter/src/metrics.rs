@@ -55,6 +55,7 @@ pub struct Metrics<H: Host> {
     members: Id,
     membership_changes: Id,
     tokenizer_loaded: Id,
+    tokenizer_loads: Id,
     tokenizer_failures: Id,
     /// per pod address, defined as pods first appear
     pods: RefCell<HashMap<String, PodIds>>,
@@ -101,6 +102,7 @@ impl<H: Host> Metrics<H> {
             members: def(Gauge, &stats::model_stat_name("members", model)),
             membership_changes: def(Counter, "prefix_router_membership_changes"),
             tokenizer_loaded: def(Gauge, &stats::model_stat_name("tokenizer_loaded", model)),
+            tokenizer_loads: def(Counter, "prefix_router_tokenizer_loads"),
             tokenizer_failures: def(Counter, "prefix_router_tokenizer_load_failures"),
             pods: RefCell::default(),
             host,
@@ -243,9 +245,14 @@ impl<H: Host> Metrics<H> {
         }
     }
 
-    /// Whether this VM has its tokenizer (1) or balances by load until it does (0).
+    /// Whether this VM has its tokenizer (1) or balances by load until it does (0); each
+    /// load is also counted (every VM loads its own: Envoy's workers and its main thread),
+    /// which is how a harness knows all of them route by prefix.
     pub fn tokenizer_loaded(&self, loaded: bool) {
         self.set(self.tokenizer_loaded, u64::from(loaded));
+        if loaded {
+            self.inc(self.tokenizer_loads, 1);
+        }
     }
 
     /// A fetch of the tokenizer failed (it is retried).

@@ -10,7 +10,6 @@
 use crate::host::{Host, Level};
 use crate::metrics::Metrics;
 use crate::router::Router;
-use crate::tokenizer::embedded_bundle;
 use prefix_core::plugin_config::{ModelChoice, PluginConfig};
 use prefix_core::protocol::headers;
 use prefix_core::router_config::{PodCredentials, RouterConfig};
@@ -30,32 +29,25 @@ pub struct Models<H: Host> {
 }
 
 impl<H: Host> Model<H> {
-    /// Builds a model's router: its tokenizer built in (or to be fetched, per its
-    /// configuration), its metrics defined. Logs what it set up.
+    /// Builds a model's router, its tokenizer to be fetched (the .wasm carries none), its
+    /// metrics defined. Logs what it set up; a model with no `tokenizer` source is logged as
+    /// an error and balanced by load (the filter fails open).
     pub fn new(host: &Rc<H>, config: RouterConfig, vm_id: u64) -> Self {
-        let started = host.now_nanos();
-        // a tokenizer from the configuration replaces the built-in one: it is fetched on the
-        // first tick, and requests are balanced by load until it is there
-        let bundle = match &config.tokenizer {
-            Some(_) => Err(()),
-            None => embedded_bundle(&config).map_err(|e| {
-                host.log(
-                    Level::Error,
-                    &format!(
-                        "prefix-router: model '{}': tokenizer unusable, failing open: {e}",
-                        config.model_name
-                    ),
-                )
-            }),
-        };
-        let took_ms = host.now_nanos().saturating_sub(started) / 1_000_000;
-        let tokenizer = match (&config.tokenizer, &bundle) {
-            (Some(src), _) => format!(
+        let tokenizer = match &config.tokenizer {
+            Some(src) => format!(
                 "tokenizer to be fetched from cluster '{}' ({}), balancing by load until then",
                 src.cluster, src.path
             ),
-            (None, Ok(_)) => format!("built-in tokenizer loaded in {took_ms} ms"),
-            (None, Err(_)) => "built-in tokenizer MISSING (failing open)".to_owned(),
+            None => {
+                host.log(
+                    Level::Error,
+                    &format!(
+                        "prefix-router: model '{}': no `tokenizer` configured (the filter carries no vocabulary: name the cluster serving the model's tokenizer.json, as render-envoy-config --tokenizer-dir writes); balancing by load",
+                        config.model_name
+                    ),
+                );
+                "NO tokenizer (failing open)".to_owned()
+            }
         };
         host.log(
             Level::Info,
@@ -76,8 +68,8 @@ impl<H: Host> Model<H> {
         );
         let metrics = Metrics::define(Rc::clone(host), &config.model_name, &config.adapters);
         metrics.define_pods(&config.pods);
-        metrics.tokenizer_loaded(bundle.is_ok());
-        let mut router = Router::new(config, bundle.ok(), vm_id);
+        metrics.tokenizer_loaded(false);
+        let mut router = Router::new(config, None, vm_id);
         router.pod_auth = pod_auth(&**host, router.config.pod_credentials.as_ref());
         crate::pods::Inflight::create(&**host, &router.inflight_key, router.config.pods.len());
         Model {

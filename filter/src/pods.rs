@@ -87,6 +87,16 @@ pub fn update_state<H: Store>(
     None
 }
 
+/// The request path saw the pod refuse a connection (or fail a try Envoy then retried
+/// elsewhere): mark it down now rather than waiting for the next polls (the poller brings it
+/// back when it answers again).
+pub fn mark_down<S: Store>(store: &S, keys: &Keys, pod: &str, down_after: u32) -> Option<PodState> {
+    let now = store.now_nanos();
+    update_state(store, keys, pod, |st| {
+        prefix_core::liveness::on_connect_failure(st, down_after, now)
+    })
+}
+
 /// The fleet's in-flight counts as one stored value read: a count per pod and the value's
 /// CAS token (`None` when never written).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

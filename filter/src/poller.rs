@@ -13,7 +13,7 @@
 //!   and SGLang's own KV-cache events, as a page) instead of the pod.
 //! - Pods without the events endpoint (a 404: vLLM, SGLang, llama.cpp) are followed through
 //!   `GET /health` and then `GET /metrics` ([`apply_metrics`]): health, load, restarts.
-//! - Failures ([`apply_failure`], [`mark_down`]): failed polls count towards
+//! - Failures ([`apply_failure`]; a request's failures: [`crate::pods::mark_down`]): failed polls count towards
 //!   `down_after_failures`; a refused connection on the request path marks the pod down now.
 //! - Membership ([`apply_members`], with `discovery`): each tick also asks Envoy's admin for
 //!   the pods cluster's members (`GET /clusters?format=json`); a pod that joins takes a free
@@ -124,15 +124,6 @@ pub fn apply_failure<S: Store>(
         went_down = liveness::on_poll_failure(st, down_after, unreachable)
     })?;
     Some((st, went_down))
-}
-
-/// The request path saw the pod refuse a connection: mark it down now rather than waiting
-/// for the next polls (the poller brings it back when it answers again).
-pub fn mark_down<S: Store>(store: &S, keys: &Keys, pod: &str, down_after: u32) -> Option<PodState> {
-    let now = store.now_nanos();
-    update_state(store, keys, pod, |st| {
-        liveness::on_connect_failure(st, down_after, now)
-    })
 }
 
 /// Applies a metrics-only pod's good health check and its `/metrics` body: `None` when it had
@@ -519,7 +510,7 @@ pub fn apply_body<S: Store>(
 mod tests {
     use super::*;
     use crate::host::fake::FakeHost;
-    use crate::pods::read_state;
+    use crate::pods::{mark_down, read_state};
     use prefix_core::BlockHash;
     use serde_json::json;
 

@@ -150,7 +150,22 @@ mod tests {
         *host.config.borrow_mut() = format!("{{{PODS}{extra}}}").into_bytes();
         let mut root = RouterRoot::new(host, 7);
         assert!(root.configure());
+        tokenizers_loaded(&root);
         root
+    }
+
+    /// What a fetch would leave behind, for the models configured without a `tokenizer`
+    /// (tests of everything but the fetch): the installed model's bundle in each router.
+    fn tokenizers_loaded(root: &RouterRoot<FakeHost>) {
+        for m in root.models.iter().flat_map(|m| &m.list) {
+            let c = &m.router.config;
+            if c.tokenizer.is_none() {
+                let bundle = crate::testing::installed_bundle(c)
+                    .with_adapters(c.adapters.clone())
+                    .with_aliases(c.aliases.clone());
+                let _ = m.router.bundle.set(bundle);
+            }
+        }
     }
 
     fn answer(root: &RouterRoot<FakeHost>, call: &Call, status: &str, body: &serde_json::Value) {
@@ -189,9 +204,9 @@ mod tests {
         let host = &root.host;
         assert_eq!(host.tick.get(), Some(Duration::from_millis(250)));
         assert_eq!(
-            host.logged("tokenizer loaded"),
+            host.logged("no `tokenizer` configured"),
             1,
-            "{:?}",
+            "the .wasm carries none: {:?}",
             host.logs.borrow()
         );
         for name in [
@@ -222,6 +237,7 @@ mod tests {
         *host.config.borrow_mut() = format!("{{{PODS}{creds}}}").into_bytes();
         let mut root = RouterRoot::new(Rc::clone(&host), 7);
         assert!(root.configure());
+        tokenizers_loaded(&root);
         root.tick();
         let calls = host.take_calls();
         assert_eq!(calls.len(), 2);
@@ -611,6 +627,7 @@ mod tests {
         *host.config.borrow_mut() = br#"{"discovery":{},"poll_interval_ms":100}"#.to_vec();
         let mut root = RouterRoot::new(Rc::clone(&host), 7);
         assert!(root.configure());
+        tokenizers_loaded(&root);
         // no members yet: requests pass with no destination (Envoy balances them)
         assert_eq!(route_one(&root, "hello there, pods"), None);
         // the tick asks Envoy's admin; the answer makes two pods members
@@ -721,6 +738,7 @@ mod tests {
         let host = Rc::clone(&a.host);
         let mut b = RouterRoot::new(Rc::clone(&host), 8); // a second VM, same shared data
         assert!(b.configure());
+        tokenizers_loaded(&b);
         a.tick();
         assert_eq!(host.take_calls().len(), 2);
         b.tick();
@@ -737,7 +755,7 @@ mod tests {
             ctx.request_headers(true),
             proxy_wasm::types::Action::Continue
         );
-        assert!(ctx.placed.is_some());
+        assert!(ctx.placed().is_some());
         assert_eq!(
             root.host.metric(&format!(
                 "prefix_router_decisions.passthrough.{}",
@@ -760,6 +778,7 @@ mod tests {
         .into_bytes();
         let mut root = RouterRoot::new(host, 7);
         assert!(root.configure());
+        tokenizers_loaded(&root);
         root
     }
 

@@ -7,14 +7,16 @@ use crate::host::Store;
 use crate::members::{read_slots, Members, Placement};
 use crate::ownership::{OwnershipTable, RecordStats};
 use crate::pods::{fleet_id, parse_state, Inflight, Keys, PodState};
+use crate::ticket::{Pending, RouteCost, Ticket};
 use prefix_core::membership::Slots;
 use prefix_core::policy::{
-    decide, probe_positions, Computing, Decision, Inputs, Owners, PodLoad, Policy, Reason,
+    decide, probe_positions, ready_owners, Computing, Decision, Entries, Inputs, PodLoad, Policy,
+    Reason,
 };
 use prefix_core::prompt_blocks::PromptBlocks;
 use prefix_core::request::InferenceRequest;
 use prefix_core::router_config::RouterConfig;
-use prefix_core::table::{Bucket, Entry, TableLayout, WAYS};
+use prefix_core::table::{Bucket, Entry, TableLayout};
 use prefix_core::{ApiError, BlockHash, ModelBundle};
 use std::cell::{Cell, OnceCell, RefCell};
 use std::rc::Rc;
@@ -70,17 +72,12 @@ pub struct Fleet {
     pub inflight: Inflight,
 }
 
-/// A block's table entries whose pods are current members: (member position, the entry's
-/// stamp). Ready at `now` when the stamp is not after it; otherwise that pod is still
-/// computing the block.
-type Held = [Option<(usize, u64)>; WAYS];
-
 /// What [`decide`] is told of a prompt: its block hashes so far, its (estimated) length in
 /// tokens, and what the table says of the block already read (not read again).
 struct PromptView<'a> {
     hashes: &'a [BlockHash],
     tokens: usize,
-    looked_up: Option<(BlockHash, Held)>,
+    looked_up: Option<(BlockHash, Entries)>,
 }
 
 impl PromptView<'_> {
@@ -90,40 +87,6 @@ impl PromptView<'_> {
         tokens: 0,
         looked_up: None,
     };
-}
-
-/// The outcome for one inference request.
-#[derive(Debug, Clone)]
-pub struct Routed {
-    pub placed: Placement,
-    pub table: RecordStats,
-    /// Hash of the deepest block hashed, which names the prefix up to it (the whole prompt's
-    /// last full block with debug headers on: [`Router::route_request`]); `None` for prompts
-    /// shorter than a block or when the filter failed open.
-    pub prefix_hash: Option<BlockHash>,
-    /// Blocks hashed and looked up (up to the one `prefix_hash` names).
-    pub hashed_blocks: usize,
-    /// The chosen pod's in-flight counter was incremented (decrement when the stream ends).
-    pub counted: bool,
-    /// Time spent rendering, tokenizing and hashing the prompt and looking its blocks up, as
-    /// deep as they are owned (µs); the rest of the routing time is the decision and the
-    /// shared-data writes.
-    pub prepare_us: u64,
-    /// Blocks recorded as the chosen pod's from a predicted time: [`Router::settle`] them when
-    /// its answer starts, if that comes sooner.
-    pub pending: Option<Pending>,
-    /// `Some((read, total))` bytes when the prompt was read only in part
-    /// (`max_prompt_tokens`): the decision rests on the blocks before `read`.
-    pub read_short: Option<(usize, usize)>,
-}
-
-/// Blocks recorded for a pod that is still to compute them ([`OwnershipTable::record`]).
-#[derive(Debug, Clone)]
-pub struct Pending {
-    pub hashes: Vec<BlockHash>,
-    pub generation: u64,
-    /// When its prefill was predicted to end (router clock, ns).
-    pub ready_at: u64,
 }
 
 impl Router {
@@ -251,14 +214,54 @@ impl Router {
     }
 
     /// A bucket's entries of current members (a pod restarted since holds nothing).
-    fn held(&self, fleet: &Fleet, bucket: &Bucket) -> Held {
+    fn entries(&self, fleet: &Fleet, bucket: &Bucket) -> Entries {
         std::array::from_fn(|i| {
             let e = bucket[i].as_ref()?;
             Some((self.current_pod(fleet, e)?, e.stamp))
         })
     }
 
-    fn choose<S: Store>(
+    /// Tokenizes and hashes the prompt's first block and looks it up: when no healthy pod
+    /// holds it or is computing it, none can hold a block past it, and a unique prompt costs
+    /// one block's work. Otherwise the whole prompt is hashed (as with debug headers on, which
+    /// name the whole prompt's prefix), so the chosen pod is recorded as deep as it will hold
+    /// the prompt. Hashing only as deep as the table already went (1, 2, 4, … blocks per
+    /// repeat) left a young prefix recorded a block or two deep until the pod's events came,
+    /// so its owner looked as if it held little (a small gain on long prefixes, measured in
+    /// `docs/benchmarks.md`, "Fresher events; the whole prompt once its first block is
+    /// held"). Returns the first block's lookup, for [`Router::decide`] to use rather than read
+    /// again.
+    fn prepare<S: Store>(
+        &self,
+        prompt: &mut PromptBlocks<'_>,
+        table: &OwnershipTable<'_, S>,
+        fleet: &Fleet,
+    ) -> Option<(BlockHash, Entries)> {
+        let deepest = self.config.max_prompt_blocks();
+        if self.config.debug_headers {
+            prompt.extend_to(deepest);
+            prompt.truncate(deepest);
+            return None;
+        }
+        let healthy = |i: usize| fleet.loads.get(i).is_none_or(|l| l.healthy);
+        prompt.extend_to(1);
+        let first = *prompt.hashes().first()?;
+        let held = self.entries(fleet, &table.owners(first));
+        // ready or still being computed: either way deeper blocks may be there
+        if held.into_iter().flatten().any(|(p, _)| healthy(p)) {
+            prompt.extend_to(deepest);
+            prompt.truncate(deepest);
+        } else if !prompt.is_complete() {
+            // only what was looked at is recorded
+            prompt.truncate(1);
+        }
+        Some((first, held))
+    }
+
+    /// Decides among the fleet for a prompt (as seen by [`Router::prepare`]) with the pure
+    /// [`decide`], given each block's table entries, the ready owners and a pod computing the
+    /// prompt derived from them in core.
+    fn decide<S: Store>(
         &self,
         table: &OwnershipTable<'_, S>,
         policy: Policy,
@@ -267,14 +270,14 @@ impl Router {
         fleet: &Fleet,
     ) -> Option<Decision> {
         // buckets read while hashing are not read again
-        let held = |h: BlockHash| match prompt.looked_up.filter(|(k, _)| *k == h) {
+        let entries = |h: BlockHash| match prompt.looked_up.filter(|(k, _)| *k == h) {
             Some((_, held)) => held,
-            None => self.held(fleet, &table.owners(h)),
+            None => self.entries(fleet, &table.owners(h)),
         };
         // a pod still computing a block does not hold it yet (`OwnershipTable::record`)
-        let owners = |h: BlockHash| held(h).map(|e| e.filter(|&(_, at)| at <= now).map(|(p, _)| p));
+        let owners = |h: BlockHash| ready_owners(entries(h), now);
         let computing = (policy == Policy::Prefix)
-            .then(|| computing(prompt.hashes, &held, &owners, now))
+            .then(|| Computing::of(prompt.hashes, entries, now))
             .flatten();
         let input = Inputs {
             policy,
@@ -291,49 +294,13 @@ impl Router {
         decide(&input, owners)
     }
 
-    /// Tokenizes and hashes the prompt's first block and looks it up: when no healthy pod
-    /// holds it or is computing it, none can hold a block past it, and a unique prompt costs
-    /// one block's work. Otherwise the whole prompt is hashed (as with debug headers on, which
-    /// name the whole prompt's prefix), so the chosen pod is recorded as deep as it will hold
-    /// the prompt. Hashing only as deep as the table already went (1, 2, 4, … blocks per
-    /// repeat) left a young prefix recorded a block or two deep until the pod's events came,
-    /// so its owner looked as if it held little (a small gain on long prefixes, measured in
-    /// `docs/benchmarks.md`, "Fresher events; the whole prompt once its first block is
-    /// held"). Returns the first block's lookup, for [`decide`] to use rather than read again.
-    fn hash_owned_depth<S: Store>(
-        &self,
-        prompt: &mut PromptBlocks<'_>,
-        table: &OwnershipTable<'_, S>,
-        fleet: &Fleet,
-    ) -> Option<(BlockHash, Held)> {
-        let deepest = self.config.max_prompt_blocks();
-        if self.config.debug_headers {
-            prompt.extend_to(deepest);
-            prompt.truncate(deepest);
-            return None;
-        }
-        let healthy = |i: usize| fleet.loads.get(i).is_none_or(|l| l.healthy);
-        prompt.extend_to(1);
-        let first = *prompt.hashes().first()?;
-        let held = self.held(fleet, &table.owners(first));
-        // ready or still being computed: either way deeper blocks may be there
-        if held.into_iter().flatten().any(|(p, _)| healthy(p)) {
-            prompt.extend_to(deepest);
-            prompt.truncate(deepest);
-        } else if !prompt.is_complete() {
-            // only what was looked at is recorded
-            prompt.truncate(1);
-        }
-        Some((first, held))
-    }
-
     /// Plain balancing (least loaded among healthy pods, rotating among equals), e.g. for
     /// `/v1/models` or when the router cannot read the prompt.
     /// `None` when there are no members at all (Envoy then balances on its own).
     pub fn plain<S: Store>(&self, store: &S, reason: Reason) -> Option<Placement> {
         let fleet = self.fleet(store);
         let table = OwnershipTable::new(store, &self.layout);
-        let d = self.choose(&table, Policy::LeastLoaded, &PromptView::NONE, 0, &fleet)?;
+        let d = self.decide(&table, Policy::LeastLoaded, &PromptView::NONE, 0, &fleet)?;
         Some(Placement {
             decision: Decision { reason, ..d },
             members: fleet.members,
@@ -349,7 +316,7 @@ impl Router {
         store: &S,
         endpoint: prefix_core::request::Endpoint,
         body: &[u8],
-    ) -> Result<Option<Routed>, ApiError> {
+    ) -> Result<Option<Ticket>, ApiError> {
         self.route_request(store, &prefix_core::request::parse_request(endpoint, body)?)
     }
 
@@ -357,88 +324,103 @@ impl Router {
     /// [`Placement::model`]: `fallback` when the prompt cannot be read here or the model is
     /// not one the filter knows, `passthrough` when the body holds nothing to route by (a
     /// continued response). `None` when there are no members at all.
-    pub fn by_load<S: Store>(&self, store: &S, model: usize, reason: Reason) -> Option<Routed> {
-        self.plain(store, reason).map(|placed| Routed {
-            placed: Placement { model, ..placed },
-            table: RecordStats::default(),
-            prefix_hash: None,
-            hashed_blocks: 0,
-            counted: false,
-            prepare_us: 0,
-            pending: None,
-            read_short: None,
-        })
+    pub fn by_load<S: Store>(&self, store: &S, model: usize, reason: Reason) -> Option<Ticket> {
+        self.plain(store, reason)
+            .map(|placed| Ticket::by_load(Placement { model, ..placed }))
     }
 
-    /// Routes a parsed inference request. `Err` is a client error to answer with (4xx),
+    /// Routes a parsed inference request: [`Router::prepare`] its prompt, [`Router::decide`]
+    /// a pod, [`Router::record`] the decision. `Err` is a client error to answer with (4xx),
     /// exactly as the server would; the router's own failures never surface here, they fall
     /// back. `Ok(None)`: no members at all (Envoy balances the request on its own).
     pub fn route_request<S: Store>(
         &self,
         store: &S,
         req: &InferenceRequest,
-    ) -> Result<Option<Routed>, ApiError> {
+    ) -> Result<Option<Ticket>, ApiError> {
         let model = req
             .model
             .as_ref()
             .and_then(|m| self.config.adapters.iter().position(|a| a == m))
             .map_or(0, |i| i + 1);
-        let fallback = |this: &Self| this.by_load(store, model, Reason::Fallback);
+        let fallback = || Ok(self.by_load(store, model, Reason::Fallback));
         let Some(bundle) = self.bundle.get() else {
-            return Ok(fallback(self));
+            return fallback();
         };
         let started = store.now_nanos();
         // bounded work whatever the prompt: a hostile one-word megabyte is not read at all
-        let mut prompt = match bundle.blocks_within(req, self.config.read_limit_bytes()) {
+        let mut blocks = match bundle.blocks_within(req, self.config.read_limit_bytes()) {
             Ok(p) => p,
             // the pod's own renderer decides: never reject what it may accept
-            Err(e) if e.is_unrenderable() => return Ok(fallback(self)),
+            Err(e) if e.is_unrenderable() => return fallback(),
             Err(e) => return Err(e),
         };
         let fleet = self.fleet(store);
         // one table for lookup and record, so the buckets the lookup read are not read again
-        let owners = OwnershipTable::new(store, &self.layout);
-        let looked_up = self.hash_owned_depth(&mut prompt, &owners, &fleet);
+        let table = OwnershipTable::new(store, &self.layout);
+        let looked_up = self.prepare(&mut blocks, &table, &fleet);
+        let prompt = PromptView {
+            hashes: blocks.hashes(),
+            tokens: blocks.estimated_tokens(),
+            looked_up,
+        };
         let now = store.now_nanos();
         let prepare_us = now.saturating_sub(started) / 1_000;
-        let prompt_tokens = prompt.estimated_tokens();
-        let hashes = prompt.hashes();
-        let policy = self.config.policy;
-        let Some(decision) = self.choose(
-            &owners,
-            policy,
-            &PromptView {
-                hashes,
-                tokens: prompt_tokens,
-                looked_up,
-            },
-            now,
-            &fleet,
-        ) else {
-            return Ok(fallback(self));
+        let Some(decision) = self.decide(&table, self.config.policy, &prompt, now, &fleet) else {
+            return fallback();
         };
-        let generation = fleet.states.get(decision.pod).map_or(0, |s| s.generation);
         let placed = Placement {
             decision,
             members: Rc::clone(&fleet.members),
             model,
         };
+        let (table_stats, pending, slot_held) =
+            self.record(store, &table, &placed, &prompt, now, fleet);
+        let cost = RouteCost {
+            table: table_stats,
+            hashed_blocks: prompt.hashes.len(),
+            prepare_us,
+        };
+        Ok(Some(Ticket::new(
+            placed,
+            prompt.hashes.last().copied(),
+            blocks.stopped_short(),
+            cost,
+            slot_held,
+            pending,
+        )))
+    }
+
+    /// Records a decision: the probed blocks as the chosen pod's from when its predicted
+    /// prefill of what it lacks is over (those not ready yet come back as [`Pending`], to
+    /// settle when its answer starts), and one more request in flight on it. Returns the
+    /// table's counts, the pending blocks and whether the slot is held.
+    fn record<S: Store>(
+        &self,
+        store: &S,
+        table: &OwnershipTable<'_, S>,
+        placed: &Placement,
+        prompt: &PromptView<'_>,
+        now: u64,
+        fleet: Fleet,
+    ) -> (RecordStats, Option<Pending>, bool) {
+        let d = placed.decision;
+        let generation = fleet.states.get(d.pod).map_or(0, |s| s.generation);
         // only the blocks lookups probe (the pod's events fill in the rest)
-        let probed: Vec<BlockHash> = probe_positions(hashes.len())
+        let probed: Vec<BlockHash> = probe_positions(prompt.hashes.len())
             .into_iter()
-            .filter_map(|i| hashes.get(i).copied())
+            .filter_map(|i| prompt.hashes.get(i).copied())
             .collect();
-        // the blocks count as the pod's once its predicted prefill of what it lacks is over
-        let computed = prompt_tokens.saturating_sub(
-            decision.reason.matched_blocks() * self.config.block_size.get() as usize,
-        );
+        let computed = prompt
+            .tokens
+            .saturating_sub(d.reason.matched_blocks() * self.config.block_size.get() as usize);
         let prefill_s = fleet
             .loads
-            .get(decision.pod)
+            .get(d.pod)
             .map_or(0.0, |l| l.costs.prefill_s(computed));
         let ready_at = now.saturating_add((prefill_s.clamp(0.0, 60.0) * 1e9) as u64);
         let mut not_ready = Vec::new();
-        let table = owners.record_into(
+        let stats = table.record_into(
             &probed,
             placed.pod(),
             generation,
@@ -453,79 +435,12 @@ impl Router {
             ready_at,
         });
         // the in-flight read above is usually still current: one write, no second read
-        let counted = placed
+        let slot_held = placed
             .slot()
             .and_then(|s| fleet.inflight.add(store, &self.inflight_key, s, 1))
             .is_some();
-        Ok(Some(Routed {
-            placed,
-            table,
-            prefix_hash: hashes.last().copied(),
-            hashed_blocks: hashes.len(),
-            counted,
-            prepare_us,
-            pending,
-            read_short: prompt.stopped_short(),
-        }))
+        (stats, pending, slot_held)
     }
-
-    /// The chosen pod has started answering (its first response bytes): whatever it computed
-    /// for the prompt is in its cache now. Marks the [`Pending`] entries ready, unless their
-    /// predicted time has already come (then there is nothing to do, and nothing is read).
-    pub fn settle<S: Store>(&self, store: &S, placed: &Placement, pending: &Pending) {
-        if store.now_nanos() < pending.ready_at {
-            OwnershipTable::new(store, &self.layout).record(
-                &pending.hashes,
-                placed.pod(),
-                pending.generation,
-                None,
-            );
-        }
-    }
-
-    /// The request's stream ended: release its in-flight count on the chosen pod's slot.
-    pub fn release<S: Store>(&self, store: &S, placed: &Placement) {
-        if let Some(slot) = placed.slot() {
-            Inflight::read(store, &self.inflight_key, placed.members.width()).add(
-                store,
-                &self.inflight_key,
-                slot,
-                -1,
-            );
-        }
-    }
-}
-
-/// A prompt nobody holds yet: the pod computing its first block for an earlier request (the
-/// latest recorded, if several), how deep its entries go along the probed blocks, and when
-/// they are predicted ready (policy `prefix` weighs waiting for it).
-fn computing(
-    hashes: &[BlockHash],
-    held: &impl Fn(BlockHash) -> Held,
-    owners: &impl Fn(BlockHash) -> Owners,
-    now: u64,
-) -> Option<Computing> {
-    let &first = hashes.first()?;
-    if owners(first).iter().any(Option::is_some) {
-        return None;
-    }
-    let (stamp, pod) = held(first)
-        .into_iter()
-        .flatten()
-        .filter(|&(_, at)| at > now)
-        .map(|(pod, at)| (at, pod))
-        .max()?;
-    let has = |h: BlockHash| held(h).into_iter().flatten().any(|(p, _)| p == pod);
-    let blocks = probe_positions(hashes.len())
-        .into_iter()
-        .take_while(|&i| hashes.get(i).is_some_and(|&h| has(h)))
-        .last()
-        .map_or(1, |i| i + 1);
-    Some(Computing {
-        pod,
-        blocks,
-        ready_in_s: stamp.saturating_sub(now) as f64 / 1e9,
-    })
 }
 
 #[cfg(test)]
@@ -539,15 +454,13 @@ mod tests {
         Router::new(crate::testing::config(""), bundle, 0)
     }
 
-    /// The request finished: release its in-flight slot, as the filter does in `on_log`.
-    fn done(r: &Router, host: &FakeHost, routed: &Routed) {
-        if routed.counted {
-            r.release(host, &routed.placed);
-        }
+    /// The request finished: its ticket releases the in-flight slot, as in `on_log`.
+    fn done(r: &Router, host: &FakeHost, routed: &Ticket) {
+        routed.clone().end(host, r, None, true);
     }
 
     /// Routes a request that has members to go to.
-    fn route(r: &Router, host: &impl Store, body: &[u8]) -> Result<Routed, ApiError> {
+    fn route(r: &Router, host: &impl Store, body: &[u8]) -> Result<Ticket, ApiError> {
         r.route(host, Endpoint::Completions, body)
             .map(|routed| routed.expect("there are members"))
     }
@@ -593,7 +506,7 @@ mod tests {
             (2, 0),
             "the version key and the in-flight counts"
         );
-        crate::poller::mark_down(&host, &r.keys, PODS[0], 1).unwrap();
+        crate::pods::mark_down(&host, &r.keys, PODS[0], 1).unwrap();
         assert!(!r.fleet(&host).states[0].healthy, "the first write is seen");
     }
 
@@ -601,7 +514,7 @@ mod tests {
     fn a_request_reads_the_fleet_in_two_host_calls() {
         let host = FakeHost::default();
         let r = router(None);
-        crate::poller::mark_down(&host, &r.keys, PODS[2], 1).unwrap();
+        crate::pods::mark_down(&host, &r.keys, PODS[2], 1).unwrap();
         let first = r.fleet(&host);
         assert!(!first.states[2].healthy);
         host.take_tally();
@@ -649,9 +562,9 @@ mod tests {
             "after the predicted prefill it holds the prefix"
         );
         // the first request's answer would settle its blocks; the later one's has nothing to
-        assert_eq!(first.pending.map(|p| p.hashes.len()), Some(2));
+        assert_eq!(first.pending().map(|p| p.hashes.len()), Some(2));
         assert!(
-            later.pending.is_none(),
+            later.pending().is_none(),
             "its blocks were ready when it was routed"
         );
     }
@@ -683,13 +596,13 @@ mod tests {
     #[test]
     fn a_prompt_is_hashed_whole_once_a_pod_holds_its_first_block() {
         let text = "Drain the node, page the on-call engineer, and rotate the keys. ".repeat(20);
-        let bundle = || crate::tokenizer::embedded_bundle(&crate::testing::config(""));
+        let bundle = || crate::testing::installed_bundle(&crate::testing::config(""));
         let req = prefix_core::request::parse_request(Endpoint::Completions, &body(&text));
-        let whole = bundle().unwrap().prepare(&req.unwrap()).unwrap().hashes;
+        let whole = bundle().prepare(&req.unwrap()).unwrap().hashes;
         assert!(whole.len() > 8, "{} blocks", whole.len());
 
         let host = FakeHost::default();
-        let r = Router::new(crate::testing::config(""), bundle().ok(), 0);
+        let r = Router::new(crate::testing::config(""), Some(bundle()), 0);
         let first = route(&r, &host, &body(&text)).unwrap();
         done(&r, &host, &first);
         assert_eq!(first.placed.decision.reason, Reason::Cold);
@@ -698,7 +611,7 @@ mod tests {
             whole.first().copied(),
             "one block looked at"
         );
-        assert_eq!(first.table.written, 1);
+        assert_eq!(first.cost.table.written, 1);
         let second = route(&r, &host, &body(&text)).unwrap();
         done(&r, &host, &second);
         assert_eq!(second.placed.pod(), first.placed.pod());
@@ -718,17 +631,20 @@ mod tests {
         );
         let other = route(&r, &host, &body(&format!("another {text}"))).unwrap();
         assert_eq!(other.placed.decision.reason, Reason::Cold);
-        assert_eq!(other.hashed_blocks, 1, "a prompt no pod holds: one block");
+        assert_eq!(
+            other.cost.hashed_blocks, 1,
+            "a prompt no pod holds: one block"
+        );
 
         let debug = crate::testing::config(r#""debug_headers":true"#);
-        let r = Router::new(debug, bundle().ok(), 0);
+        let r = Router::new(debug, Some(bundle()), 0);
         let first = route(&r, &host, &body(&format!("other {text}"))).unwrap();
         assert_eq!(first.placed.decision.reason, Reason::Cold);
         let req = prefix_core::request::parse_request(
             Endpoint::Completions,
             &body(&format!("other {text}")),
         );
-        let whole = bundle().unwrap().prepare(&req.unwrap()).unwrap().hashes;
+        let whole = bundle().prepare(&req.unwrap()).unwrap().hashes;
         assert_eq!(first.prefix_hash, whole.last().copied());
     }
 
@@ -738,7 +654,7 @@ mod tests {
         let r = router(Some(tiny_bundle(4)));
         let first = route(&r, &host, &body("abcdefghij")).unwrap();
         assert_eq!(first.placed.decision.reason, Reason::Cold);
-        assert_eq!(first.table.written, 2);
+        assert_eq!(first.cost.table.written, 2);
         assert!(first.prefix_hash.is_some());
         done(&r, &host, &first);
         for _ in 0..5 {
@@ -766,8 +682,8 @@ mod tests {
         for _ in 0..6 {
             let d = route(&r, &host, &body("abc")).unwrap();
             assert_eq!(d.placed.decision.reason, Reason::ShortPrompt);
-            assert!(d.counted);
-            assert_eq!(d.table.written, 0, "short prompts record nothing");
+            assert!(d.holds_slot());
+            assert_eq!(d.cost.table.written, 0, "short prompts record nothing");
             counts[d.placed.decision.pod] += 1;
         }
         // nothing ever finished, so in-flight load spreads them evenly
@@ -783,7 +699,7 @@ mod tests {
         let first = routed.placed.decision;
         let owner = routed.placed.pod().to_owned();
         // the owner goes down: the repeat is cold elsewhere
-        crate::poller::mark_down(&host, &r.keys, &owner, 2).unwrap();
+        crate::pods::mark_down(&host, &r.keys, &owner, 2).unwrap();
         let routed = route(&r, &host, &body("abcdefgh")).unwrap();
         done(&r, &host, &routed);
         let d = routed.placed.decision;
@@ -851,7 +767,7 @@ mod tests {
         for (polling, back) in [("", false), (r#""poll_interval_ms":0"#, true)] {
             let host = FakeHost::default();
             let r = Router::new(crate::testing::config(polling), Some(tiny_bundle(4)), 0);
-            crate::poller::mark_down(&host, &r.keys, PODS[1], 2).unwrap();
+            crate::pods::mark_down(&host, &r.keys, PODS[1], 2).unwrap();
             assert!(!r.fleet(&host).loads[1].healthy, "{polling}");
             host.clock.set(host.clock.get() + RETRY_REFUSED_NS);
             assert_eq!(r.fleet(&host).loads[1].healthy, back, "{polling}");

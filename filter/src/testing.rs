@@ -22,6 +22,27 @@ pub fn tiny_bundle(block: u32) -> ModelBundle {
     .unwrap()
 }
 
+/// The bundle of the model `scripts/setup.sh` installs (SmolLM2's vocabulary and chat
+/// template, read from the data directory) for `config`'s model name and block size: what
+/// the filter builds once it has fetched those files.
+pub fn installed_bundle(config: &RouterConfig) -> ModelBundle {
+    use prefix_core::protocol::defaults::{data_dir, model_dir};
+    let repo = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
+    let dir = model_dir(&data_dir(repo));
+    let read = |name: &str| {
+        std::fs::read(dir.join(name))
+            .unwrap_or_else(|e| panic!("{}: {e} (run scripts/setup.sh)", dir.join(name).display()))
+    };
+    let cfg = read("tokenizer_config.json");
+    ModelBundle::for_routing(
+        &config.model_name,
+        &read("tokenizer.json"),
+        Some(&cfg),
+        config.block_size,
+    )
+    .unwrap()
+}
+
 /// The pods of [`config`], in order.
 pub const PODS: [&str; 3] = ["127.0.0.1:8001", "127.0.0.1:8002", "127.0.0.1:8003"];
 

@@ -380,6 +380,11 @@ fn launch_envoy(
         pods.to_vec(),
         wasm.then_some(wasm_path),
     );
+    // the .wasm carries no vocabulary: Envoy serves it the installed model's files
+    if wasm {
+        settings.tokenizer_dir = Some(paths::default_model_dir());
+    }
+    settings.assets_port = free_port()?;
     tweak(&mut settings);
     std::fs::create_dir_all(dir)?;
     let config_path = dir.join(format!("{name}.yaml"));
@@ -389,6 +394,7 @@ fn launch_envoy(
         if again {
             settings.listen_port = free_port()?;
             settings.admin_port = free_port()?;
+            settings.assets_port = free_port()?;
         }
         std::fs::write(&config_path, render(&settings)?)?;
         // validated once: a retry differs only in its ports
@@ -412,6 +418,12 @@ fn launch_envoy(
         wait_until(name, &mut proc, Duration::from_secs(60), || {
             healthy(&http, &ready)
         })?;
+        if settings.wasm.is_some() {
+            let vms = settings.more_models.len() + 1;
+            wait_until(name, &mut proc, Duration::from_secs(60), || {
+                tokenizers_tried(&http, settings.admin_port, vms)
+            })?;
+        }
         Ok(Envoy {
             listen_port: settings.listen_port,
             admin_port: settings.admin_port,
@@ -420,6 +432,27 @@ fn launch_envoy(
             polls: wasm && settings.poll_interval_ms > 0,
         })
     })
+}
+
+/// Envoy's threads that run the filter, each in a VM of its own: the `--concurrency`
+/// workers and the main thread.
+const FILTER_VMS: usize = 3;
+
+/// Whether every VM has loaded each model's tokenizer (fetched from the assets listener just
+/// after start; requests are balanced by load until then) or has tried and failed, which
+/// leaves the failure for the test to see. `models` tokenizers per VM.
+pub fn tokenizers_tried(http: &Client, admin_port: u16, models: usize) -> bool {
+    let Ok(text) = http
+        .get(format!("http://127.0.0.1:{admin_port}/stats/prometheus"))
+        .send()
+        .and_then(|r| r.text())
+    else {
+        return false;
+    };
+    let stat = |name: &str| metric_value(&text, name).unwrap_or(0.0);
+    let expected = (FILTER_VMS * models) as f64;
+    stat("prefix_router_tokenizer_loads") >= expected
+        || stat("prefix_router_tokenizer_load_failures") >= FILTER_VMS as f64
 }
 
 pub use crate::wire::metric_value;

@@ -384,6 +384,7 @@ fn bad_plugin_configuration_fails_envoy_load_naming_the_field() {
         vec!["127.0.0.1:1".into()],
         Some(paths::wasm_path()),
     );
+    s.tokenizer_dir = Some(paths::default_model_dir());
     s.table_capacity = 0;
     let refused = render(&s).unwrap_err();
     assert!(

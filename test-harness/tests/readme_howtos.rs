@@ -262,6 +262,8 @@ fn the_by_hand_howtos_serve_through_envoy() {
         );
     };
 
+    // each of Envoy's VMs fetches the tokenizer just after start (balanced by load until then)
+    let tokenizer_loaded = || test_harness::cluster::tokenizers_tried(&http, 9901, 1);
     let dir = scratch("by-hand");
     let (mut p, out) = run_block(
         "by-hand",
@@ -276,6 +278,11 @@ fn the_by_hand_howtos_serve_through_envoy() {
         "{out}"
     );
     assert!(out.contains("\"block_hashes\""), "{out}");
+    poll(
+        "the filter's tokenizer",
+        Duration::from_secs(60),
+        tokenizer_loaded,
+    );
     repeated("model-server pods");
     p.kill();
 
@@ -293,6 +300,11 @@ fn the_by_hand_howtos_serve_through_envoy() {
             .is_ok_and(|r| r.status() == 200)
     };
     poll("envoy ready", Duration::from_secs(60), ready);
+    poll(
+        "the filter's tokenizer",
+        Duration::from_secs(60),
+        tokenizer_loaded,
+    );
     let pods_ready = || {
         (8001..=8003).all(|port| {
             http.get(format!("http://127.0.0.1:{port}/health"))

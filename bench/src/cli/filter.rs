@@ -145,6 +145,17 @@ pub fn run(a: &Args, bundle: &ModelBundle) -> anyhow::Result<Summary> {
         "   filter VMs: {} (start times {:?} ms); Envoy RSS {:.0} MB with vs {:.0} MB without → {:.1} MB per VM",
         vm.vm_start_ms.len(), vm.vm_start_ms, vm.envoy_rss_with_filter_mb, vm.envoy_rss_without_filter_mb, vm.mb_per_vm
     );
+    // the .wasm carries no vocabulary (the model's files come from Envoy at start)
+    let wasm_bytes = std::fs::metadata(test_harness::paths::wasm_path())?.len();
+    println!(
+        "   filter .wasm: {:.2} MB (goal < 2 MB: {})",
+        wasm_bytes as f64 / 1e6,
+        if wasm_bytes < 2_000_000 {
+            "met"
+        } else {
+            "MISSED"
+        }
+    );
     let data = prefix_core::protocol::defaults::data_dir(&test_harness::paths::repo_root());
     let families = [
         ("SmolLM2-135M", model_server::config::default_model_dir()),
@@ -177,7 +188,7 @@ pub fn run(a: &Args, bundle: &ModelBundle) -> anyhow::Result<Summary> {
     }
     out.insert(
         "filter_overhead".into(),
-        serde_json::json!({"rows": rows, "vm": vm, "families": fams}),
+        serde_json::json!({"rows": rows, "vm": vm, "families": fams, "wasm_bytes": wasm_bytes}),
     );
     Ok(out)
 }

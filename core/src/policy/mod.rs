@@ -328,6 +328,51 @@ pub struct Computing {
 /// The live owners (pod indices) of one block: the table keeps at most [`WAYS`].
 pub type Owners = [Option<usize>; WAYS];
 
+/// One block's table entries among the current members: (pod index, the entry's stamp: when
+/// the pod is predicted to hold the block, router clock in ns). A stamp after `now` is a pod
+/// still computing the block for an earlier request.
+pub type Entries = [Option<(usize, u64)>; WAYS];
+
+/// The pods of `entries` that hold the block at `now` (not those still computing it).
+pub fn ready_owners(entries: Entries, now: u64) -> Owners {
+    entries.map(|e| e.filter(|&(_, at)| at <= now).map(|(p, _)| p))
+}
+
+impl Computing {
+    /// For a prompt no pod holds yet (its first block has no ready owner): the pod computing
+    /// its first block for an earlier request (the latest recorded, if several), how deep
+    /// its entries go along the probed blocks, and when they are predicted ready. `entries`
+    /// reads a block's table entries.
+    pub fn of(
+        hashes: &[BlockHash],
+        entries: impl Fn(BlockHash) -> Entries,
+        now: u64,
+    ) -> Option<Self> {
+        let &first = hashes.first()?;
+        let at_first = entries(first);
+        if ready_owners(at_first, now).iter().any(Option::is_some) {
+            return None;
+        }
+        let (stamp, pod) = at_first
+            .into_iter()
+            .flatten()
+            .filter(|&(_, at)| at > now)
+            .map(|(pod, at)| (at, pod))
+            .max()?;
+        let has = |h: BlockHash| entries(h).into_iter().flatten().any(|(p, _)| p == pod);
+        let blocks = probe_positions(hashes.len())
+            .into_iter()
+            .take_while(|&i| hashes.get(i).is_some_and(|&h| has(h)))
+            .last()
+            .map_or(1, |i| i + 1);
+        Some(Computing {
+            pod,
+            blocks,
+            ready_in_s: stamp.saturating_sub(now) as f64 / 1e9,
+        })
+    }
+}
+
 /// Chooses a pod, and ranks the other healthy pods as its fallbacks: those holding more of
 /// the prompt first, then the less loaded (ties in pod order). `owners(h)` returns the live
 /// owners of block `h`.
@@ -483,6 +528,47 @@ mod tests {
 
     fn h(n: u64) -> BlockHash {
         BlockHash(n)
+    }
+
+    /// Entries of a table in which `rows` (block, pod, ready at ns) were recorded.
+    fn entries_of(rows: &[(u64, usize, u64)]) -> impl Fn(BlockHash) -> Entries + '_ {
+        move |b: BlockHash| {
+            let mut e: Entries = [None; WAYS];
+            for (slot, &(_, pod, at)) in e.iter_mut().zip(rows.iter().filter(|r| r.0 == b.0)) {
+                *slot = Some((pod, at));
+            }
+            e
+        }
+    }
+
+    #[test]
+    fn a_prompt_computing_on_a_pod_is_found_as_deep_as_its_entries_go() {
+        let hashes: Vec<BlockHash> = (10..20).map(h).collect();
+        let now = 1_000_000_000;
+        // pod 2 records blocks 0, 1 and 3 of the chain, ready in 0.25 s; pod 0 an older
+        // computation of block 0 only, ready sooner
+        let rows = [
+            (10, 2, now + 250_000_000),
+            (11, 2, now + 250_000_000),
+            (13, 2, now + 250_000_000),
+            (10, 0, now + 100_000_000),
+        ];
+        let c = Computing::of(&hashes, entries_of(&rows), now).unwrap();
+        assert_eq!(
+            (c.pod, c.blocks),
+            (2, 4),
+            "the latest recorded; probed 0, 1, 3"
+        );
+        assert!((c.ready_in_s - 0.25).abs() < 1e-9);
+        // once ready anywhere, the first block is held: nothing is being waited for
+        let ready = [(10, 1, now), (10, 2, now + 5)];
+        assert_eq!(Computing::of(&hashes, entries_of(&ready), now), None);
+        assert_eq!(Computing::of(&hashes, entries_of(&[]), now), None);
+        assert_eq!(Computing::of(&[], entries_of(&rows), now), None);
+        assert_eq!(
+            ready_owners(entries_of(&ready)(h(10)), now),
+            [Some(1), None, None, None]
+        );
     }
 
     fn idle() -> Vec<PodLoad> {
