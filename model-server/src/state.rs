@@ -90,7 +90,7 @@ impl AppState {
                 prefill_per_token: Duration::from_secs_f64(config.sim_prefill_us_per_token / 1e6),
                 decode_per_token: Duration::from_secs_f64(config.sim_decode_ms_per_token / 1e3),
             })),
-            EngineKind::Candle => {
+            EngineKind::Gguf => {
                 let path = config
                     .model
                     .clone()

@@ -1,4 +1,4 @@
-//! The real engine (`--engine candle`, SmolLM2-135M on CPU): a prefix-cache hit reuses the
+//! The real engine (`--engine gguf`, SmolLM2-135M on CPU): a prefix-cache hit reuses the
 //! blocks' real K/V and changes nothing in the answer.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
@@ -18,7 +18,7 @@ mod common;
 use common::{start_with, Server};
 
 async fn start(extra: &[&str]) -> Server {
-    let mut flags = vec!["--engine", "candle", "--pod-name", "real"];
+    let mut flags = vec!["--engine", "gguf", "--pod-name", "real"];
     flags.extend_from_slice(extra);
     start_with(&flags).await
 }

@@ -30,7 +30,10 @@ pub fn available() -> bool {
     *AVAILABLE.get_or_init(|| {
         // CPUID leaf 7: EDX bit 22 AMX-BF16, bit 24 AMX-TILE
         let edx = std::arch::x86_64::__cpuid_count(7, 0).edx;
-        edx & (1 << 22) != 0 && edx & (1 << 24) != 0 && request_tile_state()
+        super::cpu::amx_allowed()
+            && edx & (1 << 22) != 0
+            && edx & (1 << 24) != 0
+            && request_tile_state()
     })
 }
 

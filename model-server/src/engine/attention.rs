@@ -26,15 +26,14 @@ pub fn attend_head(q: &[f32], k: &[f16], v: &[f16], out: &mut [f32]) {
         return;
     }
     let scale = 1.0 / (hd as f32).sqrt();
-    #[cfg(target_feature = "avx2")]
-    let mut scores = avx2::scores(q, k, scale);
-    #[cfg(not(target_feature = "avx2"))]
-    let mut scores: Vec<f32> = k.chunks_exact(hd).map(|kj| dot(q, kj) * scale).collect();
-    softmax(&mut scores);
-    #[cfg(target_feature = "avx2")]
-    if avx2::weighted_sum(&scores, v, out) {
+    #[cfg(target_arch = "x86_64")]
+    if super::cpu::avx2() {
+        // SAFETY: the CPU has AVX2, FMA and F16C (checked)
+        unsafe { avx2::attend_head(q, k, v, scale, out) };
         return;
     }
+    let mut scores: Vec<f32> = k.chunks_exact(hd).map(|kj| dot(q, kj) * scale).collect();
+    softmax(&mut scores);
     for (p, vj) in scores.iter().zip(v.chunks_exact(hd)) {
         add_scaled(out, *p, vj);
     }
@@ -50,8 +49,8 @@ pub fn attend_heads(q: &[f32], k: &[f16], v: &[f16], hd: usize, out: &mut [f32])
     if hd == 0 || q.len() != out.len() || !q.len().is_multiple_of(hd) {
         return;
     }
-    #[cfg(target_feature = "avx2")]
-    if hd.is_multiple_of(avx512::DIMS) && super::simd::avx512f() {
+    #[cfg(target_arch = "x86_64")]
+    if hd.is_multiple_of(avx512::DIMS) && super::cpu::avx512f() {
         // SAFETY: the CPU has AVX-512F (checked); `hd` is a multiple of 64 (checked)
         unsafe { avx512::attend(q, k, v, hd, out) };
         return;
@@ -61,9 +60,9 @@ pub fn attend_heads(q: &[f32], k: &[f16], v: &[f16], hd: usize, out: &mut [f32])
     }
 }
 
-#[cfg(target_feature = "avx2")]
+#[cfg(target_arch = "x86_64")]
 mod avx512 {
-    //! Sixteen lanes where the CPU has AVX-512 (checked at run time; the build targets AVX2).
+    //! Sixteen lanes where the CPU has AVX-512 (checked at run time).
     //! Scores: a position's products with one head's query summed in a register, sixteen
     //! positions' registers reduced together into one register of sixteen scores (45
     //! instructions instead of sixteen horizontal sums). Weighted sum of V: each position's 64
@@ -294,24 +293,44 @@ mod avx512 {
     }
 }
 
-#[cfg(target_feature = "avx2")]
+#[cfg(target_arch = "x86_64")]
 mod avx2 {
     //! The two passes over the positions with their hot values in registers: four positions'
     //! scores at a time (one horizontal sum for four), and the weighted sum of V kept in
-    //! eight registers per 64 dimensions instead of loaded and stored per position.
+    //! eight registers per 64 dimensions instead of loaded and stored per position. Every
+    //! function needs AVX2, FMA and F16C (the caller checks `cpu::avx2`).
 
     use half::f16;
     use std::arch::x86_64::*;
 
+    /// [`super::attend_head`] with these kernels.
+    ///
+    /// # Safety
+    /// The CPU must have the features enabled here (`cpu::avx2`).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn attend_head(q: &[f32], k: &[f16], v: &[f16], scale: f32, out: &mut [f32]) {
+        let mut scores = scores(q, k, scale);
+        super::softmax(&mut scores);
+        if weighted_sum(&scores, v, out) {
+            return;
+        }
+        for (p, vj) in scores.iter().zip(v.chunks_exact(q.len())) {
+            add_scaled(out, *p, vj);
+        }
+    }
+
     /// `q · k_j × scale` for every position `j` of `k` (`positions × q.len()`).
+    ///
+    /// # Safety
+    /// The CPU must have the features enabled here (`cpu::avx2`).
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub fn scores(q: &[f32], k: &[f16], scale: f32) -> Vec<f32> {
         let hd = q.len();
         let len = k.len() / hd.max(1);
         let mut out = vec![0f32; len];
         let fours = if hd.is_multiple_of(8) { len / 4 } else { 0 };
         // SAFETY: loads read 8 values at `i < hd` of `q` and of positions `j..j + 4 ≤ len` of
-        // `k` (`len × hd` values), and the store writes 4 floats at `j + 4 ≤ len` of `out`;
-        // AVX2, FMA and F16C are enabled for the whole build.
+        // `k` (`len × hd` values), and the store writes 4 floats at `j + 4 ≤ len` of `out`
         unsafe {
             for f in 0..fours {
                 let j = 4 * f;
@@ -336,13 +355,17 @@ mod avx2 {
             }
         }
         for (j, o) in out.iter_mut().enumerate().skip(4 * fours) {
-            *o = super::dot(q, &k[j * hd..(j + 1) * hd]) * scale;
+            *o = dot(q, &k[j * hd..(j + 1) * hd]) * scale;
         }
         out
     }
 
     /// `out = Σ_j p_j · v_j` when `out`'s length is a multiple of 64 (false, nothing written,
     /// otherwise).
+    ///
+    /// # Safety
+    /// The CPU must have the features enabled here (`cpu::avx2`).
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub fn weighted_sum(p: &[f32], v: &[f16], out: &mut [f32]) -> bool {
         let hd = out.len();
         if hd == 0 || !hd.is_multiple_of(64) || v.len() < p.len() * hd {
@@ -351,7 +374,7 @@ mod avx2 {
         for chunk in (0..hd).step_by(64) {
             // SAFETY: loads read 8 values at `j * hd + chunk + 8i` for `j < p.len()` and
             // `i < 8`, inside `v` (checked above: `p.len() × hd` values), and stores write 8
-            // floats at `chunk + 8i < hd` of `out`; AVX2, FMA and F16C are enabled.
+            // floats at `chunk + 8i < hd` of `out`
             unsafe {
                 let mut acc = [_mm256_setzero_ps(); 8];
                 for (j, &pj) in p.iter().enumerate() {
@@ -368,6 +391,52 @@ mod avx2 {
             }
         }
         true
+    }
+
+    /// `out += w · v`, eight values at a time.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn add_scaled(out: &mut [f32], w: f32, v: &[f16]) {
+        let n = out.len().min(v.len()) / 8 * 8;
+        let w8 = _mm256_set1_ps(w);
+        for i in (0..n).step_by(8) {
+            // SAFETY: each access covers 8 values at `i < n`, `n` at most either slice's
+            // length rounded down to a multiple of 8
+            unsafe {
+                let x = _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().add(i).cast()));
+                let o = out.as_mut_ptr().add(i);
+                _mm256_storeu_ps(o, _mm256_fmadd_ps(w8, x, _mm256_loadu_ps(o)));
+            }
+        }
+        for (o, x) in out[n..].iter_mut().zip(&v[n..]) {
+            *o += w * x.to_f32();
+        }
+    }
+
+    /// A dot product in eight lanes of fused multiply-adds (the compiler does not vectorize a
+    /// float sum by itself: it may not reorder the additions).
+    ///
+    /// # Safety
+    /// The CPU must have the features enabled here (`cpu::avx2`).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn dot(a: &[f32], b: &[f16]) -> f32 {
+        let n = a.len().min(b.len()) / 8 * 8;
+        let mut acc = _mm256_setzero_ps();
+        for i in (0..n).step_by(8) {
+            // SAFETY: each load reads 8 values at `i < n`, `n` at most either slice's length
+            // rounded down to a multiple of 8
+            unsafe {
+                let x = _mm256_loadu_ps(a.as_ptr().add(i));
+                let y = _mm256_cvtph_ps(_mm_loadu_si128(b.as_ptr().add(i).cast()));
+                acc = _mm256_fmadd_ps(x, y, acc);
+            }
+        }
+        let head = super::super::simd::hsum(acc);
+        let tail: f32 = a[n..]
+            .iter()
+            .zip(&b[n..])
+            .map(|(x, y)| x * y.to_f32())
+            .sum();
+        head + tail
     }
 }
 
@@ -410,57 +479,13 @@ fn softmax(xs: &mut [f32]) {
 
 /// `out += w · v`.
 fn add_scaled(out: &mut [f32], w: f32, v: &[f16]) {
-    #[cfg(target_feature = "avx2")]
-    {
-        use std::arch::x86_64::*;
-        let n = out.len().min(v.len()) / 8 * 8;
-        // SAFETY: each access covers 8 values at `i < n`, `n` at most either slice's length
-        // rounded down to a multiple of 8; AVX2, FMA and F16C are enabled for the whole build.
-        unsafe {
-            let w8 = _mm256_set1_ps(w);
-            for i in (0..n).step_by(8) {
-                let x = _mm256_cvtph_ps(_mm_loadu_si128(v.as_ptr().add(i).cast()));
-                let o = out.as_mut_ptr().add(i);
-                _mm256_storeu_ps(o, _mm256_fmadd_ps(w8, x, _mm256_loadu_ps(o)));
-            }
-        }
-        for (o, x) in out[n..].iter_mut().zip(&v[n..]) {
-            *o += w * x.to_f32();
-        }
-    }
-    #[cfg(not(target_feature = "avx2"))]
     for (o, x) in out.iter_mut().zip(v) {
         *o += w * x.to_f32();
     }
 }
 
-/// A dot product; with AVX2, eight lanes of fused multiply-adds (the compiler does not
-/// vectorize a float sum by itself: it may not reorder the additions).
+/// A dot product (the portable path; with AVX2, [`avx2::dot`]).
 fn dot(a: &[f32], b: &[f16]) -> f32 {
-    #[cfg(target_feature = "avx2")]
-    {
-        use std::arch::x86_64::*;
-        let n = a.len().min(b.len()) / 8 * 8;
-        // SAFETY: each load reads 8 floats at `i < n`, `n` at most either slice's length
-        // rounded down to a multiple of 8; AVX2 and FMA are enabled for the whole build.
-        let acc = unsafe {
-            let mut acc = _mm256_setzero_ps();
-            for i in (0..n).step_by(8) {
-                let x = _mm256_loadu_ps(a.as_ptr().add(i));
-                let y = _mm256_cvtph_ps(_mm_loadu_si128(b.as_ptr().add(i).cast()));
-                acc = _mm256_fmadd_ps(x, y, acc);
-            }
-            acc
-        };
-        let head = super::simd::hsum(acc);
-        let tail: f32 = a[n..]
-            .iter()
-            .zip(&b[n..])
-            .map(|(x, y)| x * y.to_f32())
-            .sum();
-        head + tail
-    }
-    #[cfg(not(target_feature = "avx2"))]
     a.iter().zip(b).map(|(x, y)| x * y.to_f32()).sum()
 }
 

@@ -199,18 +199,10 @@ fn kernel<const R: usize>(w: &[u32], x: &[u32], half: usize, o: &mut [f32]) {
     }
 }
 
-/// Whether this CPU multiplies bf16 pairs (AVX-512F and BF16; checked once).
+/// Whether this CPU multiplies bf16 pairs (AVX-512F and BF16; checked once, capped by
+/// `ENGINE_KERNELS`).
 pub fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        *AVAILABLE.get_or_init(|| {
-            std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("avx512bf16")
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+    super::cpu::avx512_bf16()
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -357,6 +349,9 @@ mod tests {
     #[test]
     fn matches_the_rounded_product_and_rows_are_independent() {
         if !available() {
+            println!(
+                "bf16 kernels not run: this CPU lacks AVX-512 BF16 (or ENGINE_KERNELS caps it)"
+            );
             return;
         }
         let (out, width) = (70, 96);
@@ -366,6 +361,11 @@ mod tests {
         // both kernels where the CPU has AMX; rows that are not whole groups of 8 or 16
         #[cfg(target_arch = "x86_64")]
         let kernels = [false, super::super::amx::available()];
+        if !kernels[1] {
+            println!(
+                "AMX tiles not run: this CPU (or Linux, or ENGINE_KERNELS) does not allow them"
+            );
+        }
         #[cfg(not(target_arch = "x86_64"))]
         let kernels = [false, false];
         for (tiles, rows) in kernels

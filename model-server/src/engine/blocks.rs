@@ -44,10 +44,13 @@ impl Rows {
     pub(super) fn encode(values: &[f32], width: usize) -> Rows {
         let mut q = vec![0i8; values.len()];
         let mut d = vec![0f32; values.len() / BLOCK];
+        #[cfg(target_arch = "x86_64")]
+        let simd = super::cpu::avx2();
         let encode_block = |(v, (q, d)): (&[f32], (&mut [i8], &mut f32))| {
-            #[cfg(target_feature = "avx2")]
-            if let (Ok(v), Ok(q)) = (v.try_into(), q.try_into()) {
-                *d = avx2::encode_block(v, q);
+            #[cfg(target_arch = "x86_64")]
+            if let (true, Ok(v), Ok(q)) = (simd, v.try_into(), q.try_into()) {
+                // SAFETY: the CPU has AVX2 (checked)
+                *d = unsafe { avx2::encode_block(v, q) };
                 return;
             }
             let amax = v.iter().fold(0f32, |m, x| m.max(x.abs()));
@@ -81,7 +84,7 @@ impl Rows {
     }
 }
 
-#[cfg(target_feature = "avx2")]
+#[cfg(target_arch = "x86_64")]
 mod avx2 {
     //! One block's encoding eight values at a time: a decode step encodes every matrix's
     //! input (eight sequences × up to 1536 values, 121 times a step), and the scalar loop
@@ -93,9 +96,13 @@ mod avx2 {
 
     /// Encodes 32 values into `q` (each `value / d` rounded to the nearest, ties to even, as
     /// the scalar loop does) and returns their scale `d` (the largest magnitude / 127).
+    ///
+    /// # Safety
+    /// The CPU must have the features enabled here (`cpu::avx2`).
+    #[target_feature(enable = "avx2")]
     pub fn encode_block(v: &[f32; BLOCK], q: &mut [i8; BLOCK]) -> f32 {
         // SAFETY: loads read 8 floats at 0, 8, 16, 24 of `v` (32 values), the store writes
-        // 32 bytes at `q`; AVX2 is enabled for the whole build
+        // 32 bytes at `q`
         unsafe {
             let x: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(v.as_ptr().add(8 * i)));
             let sign = _mm256_set1_ps(-0.0);
@@ -231,14 +238,20 @@ pub trait RowKernel {
     /// tested against, and the kernel of builds without AVX2.
     fn dot_scalar(&self, x: ActRow<'_>) -> f32;
 
-    #[cfg(target_feature = "avx2")]
-    fn dot_avx2<const R: usize>(&self, xs: &[ActRow<'_>; R]) -> [f32; R];
+    /// The products with AVX2.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA (`cpu::avx2`).
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn dot_avx2<const R: usize>(&self, xs: &[ActRow<'_>; R]) -> [f32; R];
 
     /// The products through the best kernel this CPU runs (one choice per process).
     fn dot<const R: usize>(&self, xs: &[ActRow<'_>; R]) -> [f32; R] {
-        #[cfg(target_feature = "avx2")]
-        return self.dot_avx2(xs);
-        #[cfg(not(target_feature = "avx2"))]
+        #[cfg(target_arch = "x86_64")]
+        if super::cpu::avx2() {
+            // SAFETY: the CPU has AVX2 and FMA (checked)
+            return unsafe { self.dot_avx2(xs) };
+        }
         std::array::from_fn(|r| self.dot_scalar(xs[r]))
     }
 }
@@ -390,8 +403,13 @@ pub(super) mod tests {
         }
     }
 
+    #[cfg(target_arch = "x86_64")]
     #[test]
     fn the_block_encoding_agrees_with_the_scalar_loop() {
+        if !super::super::cpu::avx2() {
+            println!("AVX2 encoding not run: this CPU lacks AVX2 (or ENGINE_KERNELS caps it)");
+            return;
+        }
         let mut v = values(32 * 40, 5);
         // a block whose values land on ties (x · 127 / 2 = k + 0.5) and one of zeros
         for (i, x) in v[..32].iter_mut().enumerate() {
@@ -401,7 +419,8 @@ pub(super) mod tests {
         v[32..64].fill(0.0);
         for (b, block) in v.chunks(32).enumerate() {
             let mut q = [0i8; 32];
-            let d = avx2::encode_block(block.try_into().unwrap(), &mut q);
+            // SAFETY: the CPU has AVX2 (checked above)
+            let d = unsafe { avx2::encode_block(block.try_into().unwrap(), &mut q) };
             let amax = block.iter().fold(0f32, |m, x| m.max(x.abs()));
             assert_eq!(d, amax / 127.0, "block {b}");
             let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };

@@ -46,7 +46,7 @@ impl CandleEngine {
 
 impl Engine for CandleEngine {
     fn name(&self) -> &'static str {
-        "candle"
+        "gguf"
     }
 
     fn needs_kv(&self) -> bool {

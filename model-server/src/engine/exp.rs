@@ -6,35 +6,45 @@
 /// `x = e^(x − c)` for every value: with AVX2 eight at a time by the usual range reduction
 /// (`2^n · e^r`, |r| ≤ ln2/2, a degree-7 polynomial for `e^r`; relative error ~1e-7).
 pub fn exp_minus(xs: &mut [f32], c: f32) {
-    #[cfg(target_feature = "avx2")]
-    {
-        use std::arch::x86_64::*;
-        let n = xs.len() / 8 * 8;
-        // SAFETY: each access covers 8 values at `i < n`, `n` the slice's length rounded
-        // down to a multiple of 8; AVX2 and FMA are enabled for the whole build.
-        unsafe {
-            let c8 = _mm256_set1_ps(c);
-            for i in (0..n).step_by(8) {
-                let p = xs.as_mut_ptr().add(i);
-                _mm256_storeu_ps(p, exp8(_mm256_sub_ps(_mm256_loadu_ps(p), c8)));
-            }
-        }
-        for x in xs[n..].iter_mut() {
-            *x = (*x - c).exp();
-        }
+    #[cfg(target_arch = "x86_64")]
+    if super::cpu::avx2() {
+        // SAFETY: the CPU has AVX2 and FMA (checked just above)
+        unsafe { exp_minus_avx2(xs, c) };
+        return;
     }
-    #[cfg(not(target_feature = "avx2"))]
     for x in xs.iter_mut() {
         *x = (*x - c).exp();
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn exp_minus_avx2(xs: &mut [f32], c: f32) {
+    use std::arch::x86_64::*;
+    let n = xs.len() / 8 * 8;
+    let c8 = _mm256_set1_ps(c);
+    for i in (0..n).step_by(8) {
+        // SAFETY: each access covers 8 values at `i < n`, `n` the slice's length rounded
+        // down to a multiple of 8
+        unsafe {
+            let p = xs.as_mut_ptr().add(i);
+            _mm256_storeu_ps(p, exp8(_mm256_sub_ps(_mm256_loadu_ps(p), c8)));
+        }
+    }
+    for x in xs[n..].iter_mut() {
+        *x = (*x - c).exp();
+    }
+}
+
 /// `e^x` for eight values (the Cephes single-precision method).
-#[cfg(target_feature = "avx2")]
+///
+/// # Safety
+/// The CPU must have the features enabled here (`cpu::avx2`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
 pub fn exp8(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
     use std::arch::x86_64::*;
-    // SAFETY: register-only operations; AVX2 and FMA are enabled for the whole build.
-    unsafe {
+    {
         let set = _mm256_set1_ps;
         let x = _mm256_max_ps(_mm256_min_ps(x, set(88.376_26)), set(-88.376_26));
         // x = n·ln2 + r, ln2 split in two so that n·ln2 is exact in its high part

@@ -274,7 +274,13 @@ impl Interleaved {
                     // SAFETY: `kernel_available` (checked by the caller) says the CPU has
                     // the features; the group's slices hold `blocks` blocks and each row
                     // was checked whole for them in `multiply`
-                    unsafe { avx512::group(&group, xs, results) }
+                    #[cfg(target_arch = "x86_64")]
+                    unsafe {
+                        avx512::group(&group, xs, results)
+                    }
+                    // never called elsewhere: `kernel_available` is false
+                    #[cfg(not(target_arch = "x86_64"))]
+                    let _ = (&group, xs, &results);
                 }};
             }
             match xs.len() {
@@ -293,6 +299,7 @@ impl Interleaved {
 
 /// One group's slices.
 struct Group<'a> {
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     bits: Bits,
     qs: &'a [u8],
     d: &'a [f32],
@@ -301,13 +308,10 @@ struct Group<'a> {
 
 /// Whether this CPU runs the 16-feature kernel (AVX-512 F, BW and VNNI; checked once).
 pub fn kernel_available() -> bool {
-    #[cfg(target_feature = "avx2")]
-    return super::simd::avx512_vnni();
-    #[cfg(not(target_feature = "avx2"))]
-    false
+    super::cpu::avx512_vnni()
 }
 
-#[cfg(target_feature = "avx2")]
+#[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::{ActRow, Bits, Group, BLOCK, FEATURES};
     use std::arch::x86_64::*;

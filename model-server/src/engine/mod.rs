@@ -8,6 +8,7 @@ pub mod batcher;
 pub mod bf16;
 pub mod blocks;
 pub mod candle_engine;
+pub mod cpu;
 pub mod decode;
 pub mod exp;
 pub mod interleaved;
@@ -15,7 +16,7 @@ pub mod llama;
 pub mod q4;
 pub mod q8;
 pub mod sim;
-#[cfg(target_feature = "avx2")]
+#[cfg(target_arch = "x86_64")]
 mod simd;
 pub mod stop;
 

@@ -73,13 +73,13 @@ impl RowKernel for Q8Row<'_> {
             .sum()
     }
 
-    #[cfg(target_feature = "avx2")]
-    fn dot_avx2<const R: usize>(&self, xs: &[ActRow<'_>; R]) -> [f32; R] {
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn dot_avx2<const R: usize>(&self, xs: &[ActRow<'_>; R]) -> [f32; R] {
         avx2::dot(self, xs)
     }
 }
 
-#[cfg(target_feature = "avx2")]
+#[cfg(target_arch = "x86_64")]
 mod avx2 {
     //! The dot products with AVX2: per block, |w| (unsigned) times x with w's sign moved onto
     //! it, summed in pairs to 16 bits (at most 2·127·127, no saturation: values are in
@@ -88,13 +88,14 @@ mod avx2 {
     use super::{ActRow, Q8Row, RowKernel, BLOCK};
     use std::arch::x86_64::*;
 
+    #[target_feature(enable = "avx2,fma")]
     pub fn dot<const R: usize>(w: &Q8Row<'_>, xs: &[ActRow<'_>; R]) -> [f32; R] {
         let mut out = [0f32; R];
         if !w.readable(xs) {
             return out;
         }
         // SAFETY: every load reads 32 bytes at `b * 32` for `b < blocks`, inside slices
-        // checked above to hold `blocks * 32` values; AVX2 is enabled for the whole build.
+        // checked above to hold `blocks * 32` values.
         unsafe {
             let ones = _mm256_set1_epi16(1);
             let mut acc = [_mm256_setzero_ps(); R];
@@ -132,17 +133,23 @@ mod tests {
         check(&Q8Matrix::new(&w, width).unwrap(), &w, 0.02);
     }
 
-    /// The SIMD kernel computes what the block-by-block definition does.
-    #[cfg(target_feature = "avx2")]
+    /// The SIMD kernel computes what the block-by-block definition does (where the CPU has
+    /// AVX2; said when it has not).
+    #[cfg(target_arch = "x86_64")]
     #[test]
     fn the_kernels_agree_with_the_definition() {
+        if !super::super::cpu::avx2() {
+            println!("AVX2 kernel not run: this CPU lacks AVX2/FMA (or ENGINE_KERNELS caps it)");
+            return;
+        }
         let width = 192;
         let m = Q8Matrix::new(&values(3 * width, 1), width).unwrap();
         let x = Act::encode(&values(3 * width, 2), width).unwrap();
         let group = [x.row(0), x.row(1), x.row(2)];
         for c in 0..3 {
             let row = m.row(c);
-            let avx2 = avx2::dot(&row, &group);
+            // SAFETY: the CPU has AVX2 and FMA (checked above)
+            let avx2 = unsafe { avx2::dot(&row, &group) };
             for (r, x) in group.iter().enumerate() {
                 let want = row.dot_scalar(*x);
                 let close = |g: f32| (g - want).abs() <= 1e-4 * want.abs().max(1.0);
