@@ -192,7 +192,7 @@ pub fn floor_wasm_path() -> PathBuf {
 
 #[derive(Debug, Serialize)]
 pub struct VmFootprint {
-    /// per-VM tokenizer load time reported by the filter at start (ms)
+    /// per-VM tokenizer fetch + build time reported by the filter at start (ms)
     pub vm_start_ms: Vec<u64>,
     pub envoy_rss_without_filter_mb: f64,
     pub envoy_rss_with_filter_mb: f64,
@@ -401,11 +401,7 @@ pub fn run(
         });
     }
     let log = std::fs::read_to_string(&filtered.proc.log).unwrap_or_default();
-    let vm_start_ms: Vec<u64> = log
-        .lines()
-        .filter_map(|l| l.split("tokenizer loaded in ").nth(1))
-        .filter_map(|r| r.split_whitespace().next()?.parse().ok())
-        .collect();
+    let vm_start_ms: Vec<u64> = vm_loads(&log).iter().map(|(f, b)| f + b).collect();
     let with = rss_mb(filtered.proc.pid());
     let without = rss_mb(plain.proc.pid());
     let vms = vm_start_ms.len().max(1) as f64;
@@ -520,6 +516,24 @@ mod tests {
     }
 }
 
+/// Each filter VM's (fetch ms, build ms) of its tokenizer, from the lines it logs when loaded.
+fn vm_loads(log: &str) -> Vec<(u64, u64)> {
+    log.lines()
+        .filter_map(|l| {
+            let rest = l.split("fetched in ").nth(1)?;
+            let fetch = rest.split_whitespace().next()?.parse().ok()?;
+            let build = rest
+                .split("built in ")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()?;
+            Some((fetch, build))
+        })
+        .collect()
+}
+
 /// One tokenizer family's cost in the filter, its tokenizer fetched at start from files
 /// Envoy serves (`tokenizer_dir`): how long each VM took to fetch and build it, Envoy's memory
 /// with it, the latency it adds to one unloaded request with a unique ~2k-word prompt, and the
@@ -573,23 +587,7 @@ pub fn families(
         )?;
         // every VM has its tokenizer once the log says so (one line per VM)
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        let loads = || {
-            let log = std::fs::read_to_string(&envoy.proc.log).unwrap_or_default();
-            log.lines()
-                .filter_map(|l| {
-                    let rest = l.split("fetched in ").nth(1)?;
-                    let fetch = rest.split_whitespace().next()?.parse().ok()?;
-                    let build = rest
-                        .split("built in ")
-                        .nth(1)?
-                        .split_whitespace()
-                        .next()?
-                        .parse()
-                        .ok()?;
-                    Some((fetch, build))
-                })
-                .collect::<Vec<(u64, u64)>>()
-        };
+        let loads = || vm_loads(&std::fs::read_to_string(&envoy.proc.log).unwrap_or_default());
         while loads().len() < 2 && std::time::Instant::now() < deadline {
             std::thread::sleep(std::time::Duration::from_millis(100));
         }

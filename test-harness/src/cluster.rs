@@ -418,7 +418,8 @@ fn launch_envoy(
         wait_until(name, &mut proc, Duration::from_secs(60), || {
             healthy(&http, &ready)
         })?;
-        if settings.wasm.is_some() {
+        // this project's filter (not another .wasm a benchmark compares it with)
+        if settings.wasm.as_deref() == Some(paths::wasm_path().as_path()) {
             let vms = settings.more_models.len() + 1;
             wait_until(name, &mut proc, Duration::from_secs(60), || {
                 tokenizers_tried(&http, settings.admin_port, vms)
