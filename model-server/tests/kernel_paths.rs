@@ -10,7 +10,7 @@ use model_server::engine::cpu::{self, Level, KERNELS_ENV};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use strum::IntoEnumIterator;
 
 /// Tokens generated per path.
@@ -63,16 +63,11 @@ fn start(level: Level) -> Pod {
         url: format!("http://127.0.0.1:{port}"),
         kernels,
     };
-    let http = test_harness::cluster::client();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !http
-        .get(format!("{}/health", pod.url))
-        .send()
-        .is_ok_and(|r| r.status().is_success())
-    {
-        assert!(Instant::now() < deadline, "{level}: never healthy");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let health = format!("{}/health", pod.url);
+    assert!(
+        test_harness::cluster::wait_healthy(&health, Duration::from_secs(60)),
+        "{level}: never healthy"
+    );
     pod
 }
 

@@ -21,7 +21,7 @@
 use model_server::config::{default_model_dir, default_model_file};
 use model_server::engine::llama::Llama;
 use serde_json::{json, Value};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Positions generated (and compared) per prompt.
 const STEPS: usize = 24;
@@ -95,16 +95,11 @@ fn llama_server() -> LlamaServer {
         child,
         url: format!("http://127.0.0.1:{port}"),
     };
-    let http = test_harness::cluster::client();
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while !http
-        .get(format!("{}/health", server.url))
-        .send()
-        .is_ok_and(|r| r.status().is_success())
-    {
-        assert!(Instant::now() < deadline, "llama-server never became ready");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let health = format!("{}/health", server.url);
+    assert!(
+        test_harness::cluster::wait_healthy(&health, Duration::from_secs(120)),
+        "llama-server never became ready"
+    );
     server
 }
 

@@ -105,6 +105,20 @@ fn healthy(http: &Client, url: &str) -> bool {
         .is_ok_and(|r| r.status().is_success())
 }
 
+/// Polls `url` until it answers 2xx; false when `timeout` passes first (for a process the
+/// caller started itself).
+pub fn wait_healthy(url: &str, timeout: Duration) -> bool {
+    let http = client();
+    let deadline = std::time::Instant::now() + timeout;
+    while !healthy(&http, url) {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    true
+}
+
 /// Starts `n` model-server pods named `pod-0..` with extra flags, and waits for health (all
 /// start at once, then each is waited for).
 pub fn start_pods(n: usize, extra_args: &[&str], dir: &Path) -> anyhow::Result<Vec<Pod>> {
