@@ -56,8 +56,8 @@ pub struct RouterConfig {
     /// Follow the members of an Envoy cluster (STATIC, STRICT_DNS, EDS) instead of `pods`.
     #[serde(default)]
     pub discovery: Option<Discovery>,
-    /// Where the model's tokenizer (and chat template) comes from at run time; without it the
-    /// filter uses the one built into it.
+    /// Where the model's tokenizer (and chat template) comes from at run time: the filter
+    /// carries none, so without it requests are balanced by load (and an error is logged).
     #[serde(default)]
     pub tokenizer: Option<TokenizerSource>,
     /// Prefix-cache block size in tokens; must equal the servers' `--block-size`.

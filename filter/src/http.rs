@@ -34,7 +34,7 @@ pub struct RouterHttp<H: Host> {
     /// for its model) until it is decided.
     reading: Option<PathKind>,
     /// The decision and what it holds until the stream ends.
-    pub ticket: Option<Ticket>,
+    ticket: Option<Ticket>,
     done: bool,
 }
 

@@ -518,7 +518,7 @@ mod tests {
         );
         let host = &root.host;
         let router = root.router().unwrap();
-        assert!(router.bundle.get().is_none(), "not built in");
+        assert!(router.bundle.get().is_none(), "not fetched yet");
         assert_eq!(
             host.tick.get(),
             Some(Duration::from_millis(1000)),

@@ -28,8 +28,8 @@ pub const RETRY_REFUSED_NS: u64 = 5_000_000_000;
 /// Everything a worker's requests share: built once per VM in `on_configure`.
 pub struct Router {
     pub config: RouterConfig,
-    /// The tokenizer and chat template: set once, at configure (built in) or when the fetch
-    /// from `config.tokenizer` completes. Empty until then, or when it failed to load: every
+    /// The tokenizer and chat template: set once, when the fetch from `config.tokenizer`
+    /// completes. Empty until then, or when it failed to load (or there is no source): every
     /// request is then balanced by load (reason `fallback`).
     pub bundle: OnceCell<ModelBundle>,
     pub layout: TableLayout,

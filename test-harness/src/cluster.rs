@@ -434,9 +434,9 @@ fn launch_envoy(
         })?;
         // this project's filter (not another .wasm a benchmark compares it with)
         if settings.wasm.as_deref() == Some(paths::wasm_path().as_path()) {
-            let vms = settings.more_models.len() + 1;
+            let models = settings.more_models.len() + 1;
             wait_until(name, &mut proc, Duration::from_secs(60), || {
-                tokenizers_tried(&http, settings.admin_port, vms)
+                tokenizers_tried(&http, settings.admin_port, models)
             })?;
         }
         Ok(Envoy {
