@@ -205,24 +205,6 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The tokenizer directory of a model none was given for: none without the filter; the
-/// installed one for the default model; for any other, an error naming `flag`.
-pub fn default_tokenizer_dir(
-    filter: bool,
-    model: &str,
-    flag: &str,
-) -> anyhow::Result<Option<PathBuf>> {
-    if !filter {
-        return Ok(None);
-    }
-    if model != defaults::MODEL_NAME {
-        anyhow::bail!(
-            "{flag} is required for model '{model}': the filter carries no vocabulary and fetches the model's tokenizer.json (from a Hugging Face model directory) at start"
-        );
-    }
-    crate::install::default_tokenizer_dir(|k| std::env::var(k).ok()).map(Some)
-}
-
 /// The settings the flags describe.
 fn settings(a: Args, wasm: Option<PathBuf>) -> anyhow::Result<EnvoySettings> {
     let membership = match (&a.eds_file, all_addresses(&a.pods)) {
@@ -244,7 +226,9 @@ fn settings(a: Args, wasm: Option<PathBuf>) -> anyhow::Result<EnvoySettings> {
     s.stats_port = a.stats_port;
     s.tokenizer_dir = match a.tokenizer_dir {
         Some(d) => Some(d),
-        None => default_tokenizer_dir(s.wasm.is_some(), &s.model_name, "--tokenizer-dir")?,
+        None => {
+            crate::install::tokenizer_dir_for(s.wasm.is_some(), &s.model_name, "--tokenizer-dir")?
+        }
     };
     s.tokenizer_dir_remote = a.tokenizer_dir_in_envoy;
     s.adapters = a.adapters;

@@ -222,7 +222,7 @@ impl GatewayFile {
         s.block_size = first.block_size.unwrap_or(defaults::BLOCK_SIZE);
         s.tokenizer_dir = match first.tokenizer_dir {
             Some(d) => Some(d),
-            None => crate::cli::default_tokenizer_dir(
+            None => crate::install::tokenizer_dir_for(
                 s.wasm.is_some(),
                 &s.model_name,
                 "pools[0].tokenizer_dir",

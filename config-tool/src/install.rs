@@ -74,6 +74,20 @@ pub fn default_tokenizer_dir(env: impl Fn(&str) -> Option<String>) -> anyhow::Re
     )
 }
 
+/// The tokenizer directory of a model none was given for: none without the filter; the
+/// installed one for the default model; for any other, an error naming `flag`.
+pub fn tokenizer_dir_for(filter: bool, model: &str, flag: &str) -> anyhow::Result<Option<PathBuf>> {
+    if !filter {
+        return Ok(None);
+    }
+    if model != prefix_core::protocol::defaults::MODEL_NAME {
+        anyhow::bail!(
+            "{flag} is required for model '{model}': the filter carries no vocabulary and fetches the model's tokenizer.json (from a Hugging Face model directory) at start"
+        );
+    }
+    default_tokenizer_dir(|k| std::env::var(k).ok()).map(Some)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,14 +27,14 @@ pub const ROWS: usize = 16;
 /// Linux once).
 pub fn available() -> bool {
     static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *AVAILABLE.get_or_init(|| {
-        // CPUID leaf 7: EDX bit 22 AMX-BF16, bit 24 AMX-TILE
-        let edx = std::arch::x86_64::__cpuid_count(7, 0).edx;
-        super::cpu::amx_allowed()
-            && edx & (1 << 22) != 0
-            && edx & (1 << 24) != 0
-            && request_tile_state()
-    })
+    *AVAILABLE.get_or_init(|| super::cpu::amx_allowed() && cpu_has_tiles() && request_tile_state())
+}
+
+/// Whether the CPU has AMX tiles with bf16 (CPUID leaf 7: EDX bit 22 AMX-BF16, bit 24
+/// AMX-TILE), whatever Linux and `ENGINE_KERNELS` allow.
+pub fn cpu_has_tiles() -> bool {
+    let edx = std::arch::x86_64::__cpuid_count(7, 0).edx;
+    edx & (1 << 22) != 0 && edx & (1 << 24) != 0
 }
 
 /// Asks Linux for the tile data state (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`);

@@ -148,9 +148,7 @@ pub fn supported() -> Vec<Level> {
             out.push(Level::Avx2);
             if has!("avx512f") {
                 out.push(Level::Avx512);
-                // CPUID leaf 7: EDX bit 22 AMX-BF16, bit 24 AMX-TILE
-                let edx = std::arch::x86_64::__cpuid_count(7, 0).edx;
-                if has!("avx512bf16") && edx & (1 << 22) != 0 && edx & (1 << 24) != 0 {
+                if has!("avx512bf16") && super::amx::cpu_has_tiles() {
                     out.push(Level::Amx);
                 }
             }
