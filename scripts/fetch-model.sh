@@ -24,6 +24,6 @@ PY
 fi
 if [ ! -s "$MODEL_DIR/tokenizer.json" ] || [ "$GGUF" -nt "$MODEL_DIR/tokenizer.json" ]; then
   say "writing the model's tokenizer.json from the GGUF"
-  cargo build -q -p model-server --bin gguf-tokenizer
+  cargo build -q -p gguf-engine --bin gguf-tokenizer
   "$ROOT/target/debug/gguf-tokenizer" --gguf "$GGUF" --out-dir "$MODEL_DIR"
 fi

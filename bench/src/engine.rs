@@ -3,8 +3,9 @@
 //! prefilled in the chunks the server's batching loop computes them in
 //! ([`PREFILL_CHUNK`] tokens), so the figures are the server's own.
 
-use model_server::engine::batcher::PREFILL_CHUNK;
-use model_server::engine::llama::{Kv, Llama};
+use gguf_engine::batcher::PREFILL_CHUNK;
+use gguf_engine::kv::Kv;
+use gguf_engine::llama::Llama;
 use serde::Serialize;
 use std::time::Instant;
 
@@ -68,7 +69,7 @@ pub fn run(model: &Llama, ids: &[u32], block: usize) -> anyhow::Result<EngineRes
         // warm: k blocks from the cache, as the server assembles them, then the rest
         let blocks: Vec<Kv> = (0..k)
             .map(|b| kv.slice(b * block, block))
-            .collect::<candle_core::Result<_>>()?;
+            .collect::<gguf_engine::Result<_>>()?;
         bytes_per_block = blocks[0].bytes();
         let t = Instant::now();
         let refs: Vec<&Kv> = blocks.iter().collect();

@@ -1,11 +1,11 @@
 //! What the answer shapes share: one prompt's chunks read to the end, and a stream of named
 //! server-sent events (the Responses and Anthropic-style streams name each event).
 
-use crate::engine::FinishReason;
 use crate::pipeline::{Chunk, Usage};
 use axum::http::{header, HeaderValue};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
+use gguf_engine::FinishReason;
 use prefix_core::ApiError;
 use serde_json::Value;
 use std::convert::Infallible;

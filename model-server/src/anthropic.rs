@@ -6,11 +6,11 @@
 //! reason and usage, `message_stop`.
 
 use crate::answer::{named_events, whole};
-use crate::engine::FinishReason;
 use crate::pipeline::{Chunk, Usage};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::StreamExt;
+use gguf_engine::FinishReason;
 use prefix_core::ApiError;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -34,6 +34,9 @@ struct Inner<P> {
     payloads: HashMap<BlockHash, P>,
 }
 
+/// The server's prefix cache: each block with its K/V, for engines that keep it.
+pub type Cache = BlockPrefixCache<gguf_engine::KvBlock>;
+
 /// A fixed-capacity, LRU, pin-aware block prefix cache of `block_size`-token blocks, each
 /// optionally with an engine payload `P` (the real engine: that block's K/V). Cheap to share
 /// (`Arc`).

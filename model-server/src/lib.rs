@@ -13,18 +13,14 @@
 //! - [`api`]: HTTP routes and handlers: body limit, parse (`prefix_core::request`), prepare
 //!   (`prefix_core::ModelBundle`), errors as OpenAI JSON.
 //! - [`pipeline`]: serving a prepared request: context check, [`admission`] (running slots
-//!   and a bounded wait), [`cache`] lease, [`engine`] run, blocks stored, tokens relayed.
+//!   and a bounded wait), [`cache`] lease, engine run, blocks stored, tokens relayed.
 //! - [`openai`]: the response shapes, whole or streamed (SSE).
 //! - [`cache`]: the block prefix cache (fixed-size blocks, LRU, pins) and its events
 //!   history, which routers poll (`GET /v1/cache/events`; the page and its history are
 //!   `prefix_core::protocol`'s).
-//! - [`engine`]: `sim` (latency model) and `candle` (real Llama forward pass, K/V per block,
-//!   requests batched continuously in one loop: `engine::batcher`; prefill in
-//!   `engine::llama`, a turn's prompts in one pass, its matmuls in bf16 (`engine::bf16`,
-//!   `engine::amx`), decode steps on plain slices in `engine::decode`: `engine::interleaved`
-//!   (AVX-512 VNNI) or `engine::blocks` with the `engine::q4`/`engine::q8` matrices (AVX2)
-//!   multiplies, `engine::attention` per head or K/V head; `engine::exp` for softmax and
-//!   SiLU).
+//! - Engines, behind `gguf_engine::Engine`: [`sim`] (a latency model) and the real one, the
+//!   `gguf-engine` crate (a Llama-family GGUF on CPU, K/V per block, requests batched
+//!   continuously), which this crate reaches only through that trait.
 //! - [`metrics`]: vLLM-named Prometheus metrics.
 
 pub mod admission;
@@ -33,12 +29,11 @@ pub mod anthropic;
 pub mod api;
 pub mod cache;
 pub mod config;
-pub mod engine;
-pub mod gguf_vocab;
 pub mod metrics;
 pub mod openai;
 pub mod pipeline;
 pub mod responses_api;
+pub mod sim;
 pub mod state;
 
 pub use config::Config;
@@ -61,7 +56,6 @@ pub async fn run(
         model = state.bundle.name(),
         block_size = state.config.block_size,
         cache_blocks = state.config.cache_blocks(),
-        kernels = %engine::cpu::level(),
         "model server listening"
     );
     axum::serve(listener, api::router(state))

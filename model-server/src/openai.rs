@@ -2,13 +2,13 @@
 //! chunks. The four choice shapes (completion / chat × whole / chunk) are written once, in
 //! `Reply::choice`.
 
-use crate::engine::FinishReason;
 use crate::pipeline::{Chunk, Usage};
 use axum::http::{header, HeaderValue};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::StreamExt;
+use gguf_engine::FinishReason;
 use prefix_core::request::Endpoint;
 use prefix_core::ApiError;
 use serde_json::{json, Value};

@@ -9,8 +9,8 @@
 
 use crate::cache::Lease;
 use crate::config::Config;
-use crate::engine::{Emitted, EngineError, FinishReason, GenerateRequest, KvBlock, StopStrings};
 use crate::state::AppState;
+use gguf_engine::{Emitted, EngineError, FinishReason, GenerateRequest, KvBlock, StopStrings};
 use prefix_core::request::InferenceRequest;
 use prefix_core::{ApiError, BlockHash, PreparedPrompt};
 use std::sync::Arc;

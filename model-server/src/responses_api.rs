@@ -7,12 +7,12 @@
 //! `previous_response_id` is answered 404 as vLLM answers it without its store.
 
 use crate::answer::{named_events, whole, Whole};
-use crate::engine::FinishReason;
 use crate::openai::unix_now;
 use crate::pipeline::{Chunk, Usage};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::StreamExt;
+use gguf_engine::FinishReason;
 use prefix_core::ApiError;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicU64, Ordering};

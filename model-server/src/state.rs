@@ -1,12 +1,12 @@
 //! Everything a request handler needs, built once at start-up from the validated config.
 
 use crate::admission::Admission;
+use crate::cache::Cache;
 use crate::config::{Config, EngineKind};
-use crate::engine::candle_engine::CandleEngine;
-use crate::engine::sim::{SimCosts, SimEngine};
-use crate::engine::{Cache, Engine};
 use crate::metrics::Metrics;
+use crate::sim::{SimCosts, SimEngine};
 use anyhow::Context;
+use gguf_engine::{Engine, GgufEngine};
 use prefix_core::model::ModelFiles;
 use prefix_core::{BlockSize, ModelBundle};
 use std::sync::Arc;
@@ -95,12 +95,11 @@ impl AppState {
                     .model
                     .clone()
                     .unwrap_or_else(crate::config::default_model_file);
+                let step_tokens = metrics.iteration_tokens.clone();
                 Arc::new(
-                    CandleEngine::load(
-                        &path,
-                        Arc::clone(&bundle),
-                        metrics.iteration_tokens.clone(),
-                    )
+                    GgufEngine::load(&path, Arc::clone(&bundle), move |n| {
+                        step_tokens.observe(n as f64)
+                    })
                     .with_context(|| {
                         format!(
                             "loading {} (run scripts/setup.sh, or pass --model)",

@@ -6,7 +6,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
-use model_server::engine::cpu::{self, Level, KERNELS_ENV};
+use gguf_engine::cpu::{self, Level, KERNELS_ENV};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

@@ -9,8 +9,7 @@ use prefix_core::model::ModelBundle;
 pub fn run(_a: &Args, bundle: &ModelBundle) -> anyhow::Result<Summary> {
     let mut out = serde_json::Map::new();
     println!("== real engine (candle, SmolLM2-135M Q4_1, CPU): TTFT cold vs with cached blocks");
-    let model =
-        model_server::engine::llama::Llama::load(&model_server::config::default_model_file())?;
+    let model = gguf_engine::llama::Llama::load(&model_server::config::default_model_file())?;
     let text = micro::text_of(bundle, 8 * 128 + 300)?;
     let ids = bundle.tokenizer().encode(&text)?;
     let r = engine::run(&model, &ids, 128)?;

@@ -21,9 +21,13 @@
 //!
 //! On CPUs without AVX-512 BF16 the prefill keeps candle's f32 matmul ([`Dense`]).
 
+use crate::{bail, Result};
 use candle_core::quantized::QMatMul;
-use candle_core::{Module, Result, Tensor};
+use candle_core::{Module, Tensor};
 use rayon::prelude::*;
+
+#[cfg(target_arch = "x86_64")]
+mod amx;
 
 /// Output features per panel: two 16-lane registers.
 pub const PANEL: usize = 32;
@@ -97,21 +101,17 @@ impl Bf16Matrix {
     /// # Errors
     /// When `x` is not whole rows of this matrix's width, or the CPU lacks AVX-512 BF16.
     pub fn multiply(&self, x: &[f32]) -> Result<Vec<f32>> {
-        #[cfg(target_arch = "x86_64")]
-        let tiles = super::amx::available();
-        #[cfg(not(target_arch = "x86_64"))]
-        let tiles = false;
-        self.multiply_by(x, tiles)
+        self.multiply_by(x, crate::cpu::amx())
     }
 
     /// [`Self::multiply`] through AMX tiles (`tiles`, where the width is whole tile steps) or
     /// the AVX-512 kernel; a process uses one throughout (tests compare both).
     fn multiply_by(&self, x: &[f32], tiles: bool) -> Result<Vec<f32>> {
         if !available() {
-            candle_core::bail!("this CPU has no AVX-512 BF16");
+            bail!("this CPU has no AVX-512 BF16");
         }
         if !x.len().is_multiple_of(self.width) {
-            candle_core::bail!("{} values are not rows of {}", x.len(), self.width);
+            bail!("{} values are not rows of {}", x.len(), self.width);
         }
         let rows = x.len() / self.width;
         if rows == 0 {
@@ -126,8 +126,7 @@ impl Bf16Matrix {
         // tiles take whole groups of rows: zero rows pad the last one (their outputs are not
         // copied out), once for all panels
         #[cfg(target_arch = "x86_64")]
-        let tile_rows =
-            (tiles && half.is_multiple_of(super::amx::STEP)).then_some(super::amx::ROWS);
+        let tile_rows = (tiles && half.is_multiple_of(amx::STEP)).then_some(amx::ROWS);
         #[cfg(not(target_arch = "x86_64"))]
         let tile_rows: Option<usize> = {
             let _ = tiles; // no tiles on other architectures
@@ -149,7 +148,7 @@ impl Bf16Matrix {
                     // and `strip` holds PANEL floats per row of `xb`
                     #[cfg(target_arch = "x86_64")]
                     unsafe {
-                        super::amx::panel(w, &xb, half, strip)
+                        amx::panel(w, &xb, half, strip)
                     };
                     return;
                 }
@@ -298,12 +297,12 @@ impl Dense {
     /// `x · Wᵀ` for `x` `[1, n, in]` (contiguous), `[1, n, out]`.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         match self {
-            Dense::F32(m) => m.forward(x),
+            Dense::F32(m) => Ok(m.forward(x)?),
             Dense::Bf16(m) => {
                 let (b, n, _) = x.dims3()?;
                 let x = x.contiguous()?;
-                let y = super::llama::with_slice(&x, |v: &[f32]| m.multiply(v))??;
-                Tensor::from_vec(y, (b, n, m.out()), x.device())
+                let y = crate::tensor::with_slice(&x, |v: &[f32]| m.multiply(v))??;
+                Ok(Tensor::from_vec(y, (b, n, m.out()), x.device())?)
             }
         }
     }
@@ -360,7 +359,7 @@ mod tests {
         let round = |v: f32| from_bf16(bf16_bits(v)) as f64;
         // both kernels where the CPU has AMX; rows that are not whole groups of 8 or 16
         #[cfg(target_arch = "x86_64")]
-        let kernels = [false, super::super::amx::available()];
+        let kernels = [false, crate::cpu::amx()];
         if !kernels[1] {
             println!(
                 "AMX tiles not run: this CPU (or Linux, or ENGINE_KERNELS) does not allow them"

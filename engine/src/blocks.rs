@@ -18,7 +18,7 @@
 //! blocks, sixteen output features at a time ([`super::interleaved`]); these row-by-row
 //! kernels (AVX2, or the scalar definition) are for the others.
 
-use candle_core::Result;
+use crate::{bail, Result};
 use rayon::prelude::*;
 
 /// Values per block (one scale each).
@@ -174,7 +174,7 @@ impl Act {
     /// Encodes `values` (rows of `width`, a multiple of 32).
     pub fn encode(values: &[f32], width: usize) -> Result<Act> {
         if !whole_rows(values.len(), width) {
-            candle_core::bail!(
+            bail!(
                 "{} values in rows of {width}, which must be a multiple of {BLOCK}",
                 values.len()
             );
@@ -261,7 +261,7 @@ pub trait RowKernel {
 pub fn multiply<M: BlockMatrix>(w: &M, x: &Act, out: &mut [f32]) -> Result<()> {
     let rows = x.rows();
     if x.width() != w.width() || out.len() != rows * w.out() {
-        candle_core::bail!(
+        bail!(
             "{rows} rows of {} features into a {}×{} matrix, {} outputs",
             x.width(),
             w.out(),

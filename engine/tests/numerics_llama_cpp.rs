@@ -18,10 +18,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
-use model_server::config::{default_model_dir, default_model_file};
-use model_server::engine::llama::Llama;
+use gguf_engine::llama::Llama;
 use serde_json::{json, Value};
 use std::time::Duration;
+use test_harness::paths::{default_gguf, default_model_dir};
 
 /// Positions generated (and compared) per prompt.
 const STEPS: usize = 24;
@@ -162,7 +162,7 @@ struct Agreement {
 /// The comparison, in this process (at the kernel level its environment allows), against
 /// the llama-server at `url`.
 fn agreement(url: &str) -> Agreement {
-    let model = Llama::load(&default_model_file()).expect("run scripts/setup.sh");
+    let model = Llama::load(&default_gguf()).expect("run scripts/setup.sh");
     let json = std::fs::read(default_model_dir().join("tokenizer.json")).unwrap();
     let tok = prefix_core::tokenizer::Tokenizer::from_json_bytes(&json).unwrap();
     let (mut positions, mut same_top1) = (0usize, 0usize);
@@ -225,7 +225,7 @@ fn one_kernel_level() {
 
 #[test]
 fn the_engine_agrees_with_llama_cpp_at_every_kernel_level() {
-    use model_server::engine::cpu::{self, KERNELS_ENV};
+    use gguf_engine::cpu::{self, KERNELS_ENV};
     let server = llama_server();
     for level in cpu::supported() {
         let out = std::process::Command::new(std::env::current_exe().unwrap())

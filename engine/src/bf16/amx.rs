@@ -1,7 +1,7 @@
 //! The prefill's bf16 panels multiplied with AMX tiles where the CPU has them (Intel Sapphire
 //! Rapids and later; checked at run time, and Linux must grant the process the tile state).
 //!
-//! Why: a prefill chunk is bound by arithmetic ([`super::bf16`]), and one `tdpbf16ps`
+//! Why: a prefill chunk is bound by arithmetic ([`super`]), and one `tdpbf16ps`
 //! multiplies a 16 × 32 block of activations by a 32 × 16 block of weights (8,192
 //! multiply-adds) where `vdpbf16ps` does 32. The panels need no other layout: a panel's pairs
 //! are already the tile's rows (sixteen output features' pair of one input pair per 64 bytes),
@@ -14,7 +14,7 @@
 //! in the tile unit's order, so results differ from that kernel's by f32 rounding; a process
 //! uses one kernel or the other throughout.
 
-use super::bf16::PANEL;
+use super::PANEL;
 use std::arch::asm;
 
 /// Input pairs per tile step (a tile row is 64 bytes: 16 pairs).
@@ -22,42 +22,6 @@ pub const STEP: usize = 16;
 
 /// Activation rows per tile.
 pub const ROWS: usize = 16;
-
-/// Whether this CPU has AMX with bf16 and this process may use its tile state (asked of
-/// Linux once).
-pub fn available() -> bool {
-    static AVAILABLE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *AVAILABLE.get_or_init(|| super::cpu::amx_allowed() && cpu_has_tiles() && request_tile_state())
-}
-
-/// Whether the CPU has AMX tiles with bf16 (CPUID leaf 7: EDX bit 22 AMX-BF16, bit 24
-/// AMX-TILE), whatever Linux and `ENGINE_KERNELS` allow.
-pub fn cpu_has_tiles() -> bool {
-    let edx = std::arch::x86_64::__cpuid_count(7, 0).edx;
-    edx & (1 << 22) != 0 && edx & (1 << 24) != 0
-}
-
-/// Asks Linux for the tile data state (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`);
-/// without it the first tile instruction faults.
-fn request_tile_state() -> bool {
-    const SYS_ARCH_PRCTL: i64 = 158;
-    const ARCH_REQ_XCOMP_PERM: i64 = 0x1023;
-    const XFEATURE_XTILEDATA: i64 = 18;
-    let ret: i64;
-    // SAFETY: a plain system call with integer arguments; it touches no memory of ours
-    unsafe {
-        asm!(
-            "syscall",
-            inlateout("rax") SYS_ARCH_PRCTL => ret,
-            in("rdi") ARCH_REQ_XCOMP_PERM,
-            in("rsi") XFEATURE_XTILEDATA,
-            lateout("rcx") _,
-            lateout("r11") _,
-            options(nostack),
-        );
-    }
-    ret == 0
-}
 
 /// The tile shapes: tmm0 and tmm1 the outputs (16 rows × 16 floats), tmm2 the activations
 /// (16 rows × 16 pairs), tmm3 and tmm4 the weights (16 pair rows × 16 outputs' pairs).

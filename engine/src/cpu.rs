@@ -42,6 +42,7 @@ pub enum Level {
 
 /// The cap from [`KERNELS_ENV`] (none when unset; an unknown value is reported once and
 /// ignored).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only x86-64 has levels to cap
 fn cap() -> Level {
     static CAP: OnceLock<Level> = OnceLock::new();
     *CAP.get_or_init(|| match std::env::var(KERNELS_ENV) {
@@ -56,6 +57,7 @@ fn cap() -> Level {
 }
 
 /// Whether kernels of `level` may run (the cap allows them; the CPU is asked separately).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 fn allowed(level: Level) -> bool {
     level <= cap()
 }
@@ -117,18 +119,56 @@ pub fn avx512_bf16() -> bool {
     })
 }
 
-/// Whether AMX tiles may be used at all (the CPU and Linux are asked in `amx::available`).
-pub fn amx_allowed() -> bool {
-    avx512_bf16() && allowed(Level::Amx)
+/// Whether this CPU has AMX with bf16, the cap allows it, and Linux granted this process the
+/// tile state (asked once), for the bf16 prefill's tiles.
+pub fn amx() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            avx512_bf16() && allowed(Level::Amx) && has_tiles() && request_tile_state()
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    })
+}
+
+/// Whether the CPU has AMX tiles with bf16 (CPUID leaf 7: EDX bit 22 AMX-BF16, bit 24
+/// AMX-TILE), whatever Linux and `ENGINE_KERNELS` allow.
+#[cfg(target_arch = "x86_64")]
+fn has_tiles() -> bool {
+    let edx = std::arch::x86_64::__cpuid_count(7, 0).edx;
+    edx & (1 << 22) != 0 && edx & (1 << 24) != 0
+}
+
+/// Asks Linux for the tile data state (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`);
+/// without it the first tile instruction faults.
+#[cfg(target_arch = "x86_64")]
+fn request_tile_state() -> bool {
+    const SYS_ARCH_PRCTL: i64 = 158;
+    const ARCH_REQ_XCOMP_PERM: i64 = 0x1023;
+    const XFEATURE_XTILEDATA: i64 = 18;
+    let ret: i64;
+    // SAFETY: a plain system call with integer arguments; it touches no memory of ours
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            inlateout("rax") SYS_ARCH_PRCTL => ret,
+            in("rdi") ARCH_REQ_XCOMP_PERM,
+            in("rsi") XFEATURE_XTILEDATA,
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    ret == 0
 }
 
 /// The highest level in use in this process, for its start-up log and the tests.
 pub fn level() -> Level {
-    #[cfg(target_arch = "x86_64")]
-    if super::amx::available() {
-        return Level::Amx;
-    }
-    if avx512f() {
+    if amx() {
+        Level::Amx
+    } else if avx512f() {
         Level::Avx512
     } else if avx2() {
         Level::Avx2
@@ -148,7 +188,7 @@ pub fn supported() -> Vec<Level> {
             out.push(Level::Avx2);
             if has!("avx512f") {
                 out.push(Level::Avx512);
-                if has!("avx512bf16") && super::amx::cpu_has_tiles() {
+                if has!("avx512bf16") && has_tiles() {
                     out.push(Level::Amx);
                 }
             }

@@ -12,16 +12,18 @@
 //! the feed-forward's gate and up), so a layer is four multiplications, each spread over the
 //! cores once.
 
-use candle_core::{Result, Tensor};
+use crate::{bail, Result};
+use candle_core::Tensor;
 use rayon::prelude::*;
 
 use super::attention;
 use super::blocks::{multiply, Act, BlockMatrix};
 use super::exp::silu_mul;
 use super::interleaved::{self, Interleaved};
-use super::llama::{with_slice, Kv};
 use super::q4::Q4Matrix;
 use super::q8::Q8Matrix;
+use crate::kv::Kv;
+use crate::tensor::with_slice;
 
 /// A weight matrix's decode-step copy: in 4 bits when the values re-encode exactly (the GGUF's
 /// Q4_1 matrices), otherwise in 8 bits.
@@ -40,13 +42,13 @@ impl DecodeMatrix {
         for part in parts {
             let (_, w) = part.dims2()?;
             if width.is_some_and(|first| first != w) {
-                candle_core::bail!("stacked matrices of different widths");
+                bail!("stacked matrices of different widths");
             }
             width = Some(w);
             values.extend(part.flatten_all()?.to_vec1::<f32>()?);
         }
         let Some(width) = width else {
-            candle_core::bail!("no matrix to stack");
+            bail!("no matrix to stack");
         };
         if interleaved::kernel_available() {
             return Ok(DecodeMatrix::Interleaved(
@@ -134,7 +136,7 @@ impl Decoder {
             for (row, (token, _)) in x.chunks_mut(hidden).zip(steps.iter()) {
                 let at = *token as usize * hidden;
                 let Some(values) = e.get(at..at + hidden) else {
-                    candle_core::bail!("token {token} is not in the vocabulary");
+                    bail!("token {token} is not in the vocabulary");
                 };
                 row.copy_from_slice(values);
             }

@@ -1,4 +1,4 @@
-//! Continuous batching for the candle engine: the requests running on a pod share forward
+//! Continuous batching for the engine: the requests running on a pod share forward
 //! passes instead of each running its own.
 //!
 //! A decode step of a 135M-parameter model on a CPU spends its time reading the weights, the
@@ -15,8 +15,9 @@
 //! Output goes out without ever blocking the loop: a request whose client reads slowly keeps
 //! its pieces in a backlog (at most its `max_tokens`) that is offered again every step.
 
-use super::llama::{Kv, Llama};
 use super::{Emitted, EngineError, FinishReason, GenerateRequest, KvBlock};
+use crate::kv::{Kv, MAX_POSITIONS};
+use crate::llama::Llama;
 use candle_core::{IndexOp, Tensor};
 use candle_transformers::generation::{LogitsProcessor, Sampling};
 use prefix_core::ModelBundle;
@@ -46,15 +47,16 @@ pub struct Model {
     pub llama: Arc<Llama>,
     pub bundle: Arc<ModelBundle>,
     pub eos: Vec<u32>,
-    /// Tokens computed per turn of the loop, prompt and output (`vllm:iteration_tokens_total`).
-    pub step_tokens: prometheus::Histogram,
+    /// Told the tokens computed per turn of the loop, prompt and output (a server's
+    /// `vllm:iteration_tokens_total`).
+    pub on_step: Box<dyn Fn(usize) + Send + Sync>,
 }
 
 impl Batcher {
     pub fn start(model: Model) -> std::io::Result<Batcher> {
         let (jobs, rx) = std::sync::mpsc::channel();
         std::thread::Builder::new()
-            .name("candle-batcher".into())
+            .name("engine-batcher".into())
             .spawn(move || supervise(&model, &rx))?;
         Ok(Batcher { jobs })
     }
@@ -207,7 +209,7 @@ impl Seq {
             return Ok(None);
         }
         if self.generated.len() >= self.req.max_tokens as usize
-            || self.kv.len() + 1 >= super::llama::MAX_POSITIONS
+            || self.kv.len() + 1 >= MAX_POSITIONS
         {
             self.ended = Some(Ok(FinishReason::Length));
             return Ok(None);
@@ -258,7 +260,7 @@ impl Seq {
 /// request from then on.
 fn supervise(model: &Model, jobs: &std::sync::mpsc::Receiver<Job>) {
     while std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(model, jobs))).is_err() {
-        tracing::error!("the candle engine's loop panicked; its requests failed, restarting it");
+        tracing::error!("the engine's loop panicked; its requests failed, restarting it");
     }
 }
 
@@ -290,7 +292,7 @@ fn run(model: &Model, jobs: &std::sync::mpsc::Receiver<Job>) {
             }
         }
         if prefilled + batch.len() > 0 {
-            model.step_tokens.observe((prefilled + batch.len()) as f64);
+            (model.on_step)(prefilled + batch.len());
         }
         if !batch.is_empty() {
             decode(model, &mut batch);
@@ -347,7 +349,7 @@ fn prefill(model: &Model, seqs: &mut [Seq]) -> usize {
             other => {
                 let e = other.err().map_or_else(
                     || "a prompt pass gave logits for another number of chunks".to_owned(),
-                    |e: candle_core::Error| e.to_string(),
+                    |e: crate::Error| e.to_string(),
                 );
                 group
                     .iter_mut()

@@ -24,7 +24,7 @@
 
 use super::blocks::{whole_rows, Act, ActRow, Rows, BLOCK, ROWS_AT_ONCE};
 use super::q4::encode_block;
-use candle_core::Result;
+use crate::{bail, Result};
 use rayon::prelude::*;
 
 /// Output features per group: one 16-lane register of results.
@@ -116,9 +116,7 @@ impl Interleaved {
     /// scaled to ±127 (GGML's Q8_0, which a Q8_0 file's values encode back to exactly).
     pub fn eight_bits(values: &[f32], width: usize) -> Result<Interleaved> {
         if !whole_rows(values.len(), width) {
-            candle_core::bail!(
-                "an 8-bit matrix needs rows of a multiple of {BLOCK} values, not {width}"
-            );
+            bail!("an 8-bit matrix needs rows of a multiple of {BLOCK} values, not {width}");
         }
         let (out, blocks) = (values.len() / width, width / BLOCK);
         let groups = out.div_ceil(FEATURES);
@@ -215,7 +213,7 @@ impl Interleaved {
     pub fn multiply(&self, x: &Act, out: &mut [f32]) -> Result<()> {
         let rows = x.rows();
         if x.width() != self.width || out.len() != rows * self.out {
-            candle_core::bail!(
+            bail!(
                 "{rows} rows of {} features into a {}×{} matrix, {} outputs",
                 x.width(),
                 self.out,
@@ -225,7 +223,7 @@ impl Interleaved {
         }
         let xs: Vec<ActRow<'_>> = (0..rows).map(|r| x.row(r)).collect();
         if xs.iter().any(|x| !x.whole(self.blocks())) {
-            candle_core::bail!("activation rows shorter than {} blocks", self.blocks());
+            bail!("activation rows shorter than {} blocks", self.blocks());
         }
         let fast = kernel_available();
         // per group, its rows' 16 results; then copied into place row by row

@@ -4,7 +4,7 @@
 //! Two passes: [`Llama::forward`] prefills a chunk of one sequence (bf16 weights where the
 //! CPU multiplies them, [`super::bf16`], else f32; candle's matmuls for attention, the causal
 //! mask and softmax in one pass); [`Llama::forward_batch`] runs one decode step for several
-//! sequences on plain slices (`engine::decode`: the GGUF's 4-bit weights where exact, 8 bits
+//! sequences on plain slices ([`crate::decode`]: the GGUF's 4-bit weights where exact, 8 bits
 //! otherwise).
 //!
 //! candle's own quantized Llama keeps one private KV cache per layer and masks a multi-token
@@ -13,17 +13,17 @@
 //! `prefix + new` tokens with a causal mask offset by the prefix length, and hands back the
 //! grown KV, from which full blocks are cut for the cache.
 
+use crate::kv::{Kv, MAX_POSITIONS};
+use crate::tensor::with_slice;
+use crate::{bail, Error, Result};
 use candle_core::quantized::gguf_file;
-use candle_core::{DType, Device, IndexOp, Module, Result, Tensor};
+use candle_core::{DType, Device, IndexOp, Module, Tensor};
 use candle_nn::Embedding;
 
 use super::attention::causal_softmax;
 use super::bf16::Dense;
 use super::decode::{DecodeLayer, DecodeMatrix, Decoder};
 use super::exp::silu_mul;
-
-/// Longest position the rotary tables cover.
-pub const MAX_POSITIONS: usize = 8192;
 
 struct RmsNorm {
     weight: Tensor,
@@ -32,7 +32,7 @@ struct RmsNorm {
 
 impl RmsNorm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        candle_nn::ops::rms_norm(x, &self.weight, self.eps)
+        Ok(candle_nn::ops::rms_norm(x, &self.weight, self.eps)?)
     }
 }
 
@@ -51,203 +51,6 @@ struct Layer {
     ffn_norm: RmsNorm,
 }
 
-/// The type K/V are held in: f16, as vLLM and llama.cpp hold theirs by default. Half the
-/// bytes of f32 for the prefix cache to keep and for a decode step's attention to read (with
-/// eight sequences at ~300 positions, their f32 K/V were more bytes per step than the
-/// weights); every pass reads the same rounded values, whether they were just computed or
-/// came from the cache.
-pub const KV_DTYPE: DType = DType::F16;
-
-/// Per-layer K and V of the first `len` positions, each tensor `[1, kv_heads, capacity,
-/// head_dim]` in [`KV_DTYPE`]. A sequence being computed keeps room beyond `len` (see
-/// [`Kv::append`]), so a decode step writes one position in place instead of copying all of
-/// them; a block cut out for the cache ([`Kv::slice`]) holds exactly its positions. Not
-/// `Clone`: copies would share the room beyond `len`, and each one's appends would overwrite
-/// the other's.
-#[derive(Debug)]
-pub struct Kv {
-    k: Vec<Tensor>,
-    v: Vec<Tensor>,
-    len: usize,
-}
-
-/// Runs `f` on the values of a contiguous tensor on the CPU.
-pub(super) fn with_slice<T: candle_core::WithDType, R>(
-    t: &Tensor,
-    f: impl FnOnce(&[T]) -> R,
-) -> Result<R> {
-    let (storage, layout) = t.storage_and_layout();
-    let candle_core::Storage::Cpu(cpu) = &*storage else {
-        candle_core::bail!("a tensor not on the CPU");
-    };
-    let all = cpu.as_slice::<T>()?;
-    match layout.contiguous_offsets().and_then(|(a, b)| all.get(a..b)) {
-        Some(values) => Ok(f(values)),
-        None => candle_core::bail!("a tensor not contiguous"),
-    }
-}
-
-/// Positions of room a growing K/V gets at least, beyond what it needs.
-const HEADROOM: usize = 64;
-
-impl Kv {
-    /// Number of positions held.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Positions `start..start+len` as their own (contiguous) KV.
-    pub fn slice(&self, start: usize, len: usize) -> Result<Kv> {
-        if start + len > self.len {
-            candle_core::bail!("positions {start}..{} of {}", start + len, self.len);
-        }
-        let cut = |ts: &[Tensor]| -> Result<Vec<Tensor>> {
-            ts.iter()
-                .map(|t| t.narrow(2, start, len)?.contiguous())
-                .collect()
-        };
-        Ok(Kv {
-            k: cut(&self.k)?,
-            v: cut(&self.v)?,
-            len,
-        })
-    }
-
-    /// Concatenates blocks in order.
-    pub fn concat(blocks: &[&Kv]) -> Result<Option<Kv>> {
-        let Some(first) = blocks.first() else {
-            return Ok(None);
-        };
-        let layers = first.k.len();
-        let len: usize = blocks.iter().map(|b| b.len).sum();
-        // room for the prompt's rest and some answer, as `append` would grow it: the first
-        // chunk after a hit then writes in place instead of copying every cached position
-        let room = (len + (len / 4).max(HEADROOM)).min(MAX_POSITIONS.max(len));
-        let join = |part: fn(&Kv) -> &[Tensor], l: usize| -> Result<Tensor> {
-            let shape = &part(first)[l];
-            let (b, heads, _, dim) = shape.dims4()?;
-            let joined = Tensor::zeros((b, heads, room, dim), KV_DTYPE, shape.device())?;
-            let mut at = 0;
-            for block in blocks {
-                let t = &part(block)[l];
-                joined.slice_set(&t.narrow(2, 0, block.len)?.contiguous()?, 2, at)?;
-                at += block.len;
-            }
-            Ok(joined)
-        };
-        let k = (0..layers)
-            .map(|l| join(|b| &b.k, l))
-            .collect::<Result<Vec<_>>>()?;
-        let v = (0..layers)
-            .map(|l| join(|b| &b.v, l))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Some(Kv { k, v, len }))
-    }
-
-    /// Bytes of the positions held.
-    pub fn bytes(&self) -> usize {
-        self.k
-            .iter()
-            .chain(&self.v)
-            .map(|t| match t.dims() {
-                [_, heads, _, dim] => heads * dim * self.len * t.dtype().size_in_bytes(),
-                _ => 0,
-            })
-            .sum()
-    }
-
-    /// Writes layer `l`'s K and V of `n` new positions (`[1, kv_heads, n, head_dim]`, any
-    /// float type) after the `len` held, growing the room when needed (by a quarter, at least
-    /// [`HEADROOM`] positions: a copy every so many steps instead of every step). `len`
-    /// itself moves on with [`Kv::advance`], once every layer has its positions.
-    pub(super) fn append(&mut self, l: usize, k: &Tensor, v: &Tensor) -> Result<()> {
-        let n = k.dim(2)?;
-        let need = self.len + n;
-        let len = self.len;
-        let grow = |t: &mut Tensor| -> Result<()> {
-            let (b, heads, cap, dim) = t.dims4()?;
-            if cap >= need {
-                return Ok(());
-            }
-            let room = (need + (need / 4).max(HEADROOM)).min(MAX_POSITIONS.max(need));
-            let bigger = Tensor::zeros((b, heads, room, dim), t.dtype(), t.device())?;
-            if len > 0 {
-                bigger.slice_set(&t.narrow(2, 0, len)?.contiguous()?, 2, 0)?;
-            }
-            *t = bigger;
-            Ok(())
-        };
-        let (Some(ck), Some(cv)) = (self.k.get_mut(l), self.v.get_mut(l)) else {
-            candle_core::bail!("no layer {l} in this K/V");
-        };
-        grow(ck)?;
-        grow(cv)?;
-        ck.slice_set(&k.to_dtype(KV_DTYPE)?.contiguous()?, 2, len)?;
-        cv.slice_set(&v.to_dtype(KV_DTYPE)?.contiguous()?, 2, len)?;
-        Ok(())
-    }
-
-    /// Layer `l`'s K and V of the first `n` positions (held or just appended), in f32,
-    /// `[1, kv_heads, n, head_dim]` each. Converted eight values per instruction (F16C,
-    /// through `half`) and both at once: candle's `to_dtype` one value at a time was a
-    /// fifth of a 16-token prefill after 6 cached blocks.
-    fn in_f32(&self, l: usize, n: usize) -> Result<(Tensor, Tensor)> {
-        use half::slice::HalfFloatSliceExt;
-        let (Some(k), Some(v)) = (self.k.get(l), self.v.get(l)) else {
-            candle_core::bail!("no layer {l} in this K/V");
-        };
-        let (_, heads, cap, hd) = k.dims4()?;
-        if n > cap {
-            candle_core::bail!("{n} positions of a K/V with room for {cap}");
-        }
-        let f32 = |t: &Tensor| -> Result<Tensor> {
-            let mut out = vec![0f32; heads * n * hd];
-            with_slice(t, |all: &[half::f16]| -> Result<()> {
-                for (h, dst) in out.chunks_mut(n * hd).enumerate() {
-                    let Some(src) = all.get(h * cap * hd..h * cap * hd + n * hd) else {
-                        candle_core::bail!("K/V head {h} is not {n} positions");
-                    };
-                    src.convert_to_f32_slice(dst);
-                }
-                Ok(())
-            })??;
-            Tensor::from_vec(out, (1, heads, n, hd), t.device())
-        };
-        let (k, v) = rayon::join(|| f32(k), || f32(v));
-        Ok((k?, v?))
-    }
-
-    /// Runs `f` on layer `l`'s K and V of K/V head `head`, over the positions held plus the
-    /// one just appended (before [`Kv::advance`]).
-    pub(super) fn with_head<R>(
-        &self,
-        l: usize,
-        head: usize,
-        f: impl FnOnce(&[half::f16], &[half::f16]) -> R,
-    ) -> Result<R> {
-        let (Some(k), Some(v)) = (self.k.get(l), self.v.get(l)) else {
-            candle_core::bail!("no layer {l} in this K/V");
-        };
-        let (_, _, cap, hd) = k.dims4()?;
-        let (at, n) = (head * cap * hd, (self.len + 1) * hd);
-        with_slice(k, |k| {
-            with_slice(v, |v| match (k.get(at..at + n), v.get(at..at + n)) {
-                (Some(k), Some(v)) => Ok(f(k, v)),
-                _ => candle_core::bail!("no K/V head {head} of {} positions", self.len + 1),
-            })
-        })??
-    }
-
-    /// After every layer appended `n` positions.
-    pub(super) fn advance(&mut self, n: usize) {
-        self.len += n;
-    }
-}
-
 pub struct Llama {
     embed: Embedding,
     layers: Vec<Layer>,
@@ -263,20 +66,27 @@ pub struct Llama {
 
 impl Llama {
     /// Loads the weights of a GGUF file (architecture `llama`).
-    pub fn load(path: &std::path::Path) -> anyhow::Result<Llama> {
+    ///
+    /// # Errors
+    /// [`Error::Model`] naming the file, for a file that cannot be read or is not a Llama.
+    pub fn load(path: &std::path::Path) -> Result<Llama> {
+        Self::read(path).map_err(|e| Error::Model {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })
+    }
+
+    fn read(path: &std::path::Path) -> Result<Llama> {
         let device = Device::Cpu;
-        let mut file =
-            std::fs::File::open(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        let ct = gguf_file::Content::read(&mut file)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-        let md = |k: &str| {
-            ct.metadata
-                .get(k)
-                .ok_or_else(|| anyhow::anyhow!("GGUF metadata {k} missing"))
+        let mut file = std::fs::File::open(path).map_err(|e| Error::Invalid(e.to_string()))?;
+        let ct = gguf_file::Content::read(&mut file)?;
+        let md = |k: &str| match ct.metadata.get(k) {
+            Some(v) => Ok(v),
+            None => Err(Error::Invalid(format!("GGUF metadata {k} missing"))),
         };
         let arch = md("general.architecture")?.to_string()?.clone();
         if arch != "llama" {
-            anyhow::bail!("unsupported architecture '{arch}' (the candle engine runs Llama-architecture GGUF models)");
+            bail!("unsupported architecture '{arch}' (this engine runs Llama-architecture GGUF models)");
         }
         let n_head = md("llama.attention.head_count")?.to_u32()? as usize;
         let n_kv_head = md("llama.attention.head_count_kv")?.to_u32()? as usize;
@@ -293,7 +103,7 @@ impl Llama {
 
         let mut tensor = |name: &str| {
             ct.tensor(&mut file, name, &device)
-                .map_err(|e| anyhow::anyhow!("tensor {name}: {e}"))
+                .map_err(|e| Error::Invalid(format!("tensor {name}: {e}")))
         };
         let dense = |t: candle_core::quantized::QTensor| t.dequantize(&device);
         let embed = dense(tensor("token_embd.weight")?)?;
@@ -307,9 +117,8 @@ impl Llama {
         let mut layers = Vec::with_capacity(n_layer);
         let mut decode_layers = Vec::with_capacity(n_layer);
         for i in 0..n_layer {
-            let mut w = |n: &str| -> anyhow::Result<Tensor> {
-                Ok(dense(tensor(&format!("blk.{i}.{n}.weight"))?)?)
-            };
+            let mut w =
+                |n: &str| -> Result<Tensor> { Ok(dense(tensor(&format!("blk.{i}.{n}.weight"))?)?) };
             let (wq, wk, wv, wo) = (w("attn_q")?, w("attn_k")?, w("attn_v")?, w("attn_output")?);
             let (gate, up, down) = (w("ffn_gate")?, w("ffn_up")?, w("ffn_down")?);
             let (attn_norm, ffn_norm) = (w("attn_norm")?, w("ffn_norm")?);
@@ -381,16 +190,12 @@ impl Llama {
 
     /// An empty KV.
     pub fn empty_kv(&self) -> Result<Kv> {
-        let empty = Tensor::zeros(
-            (1, self.n_kv_head, 0, self.head_dim),
-            KV_DTYPE,
+        Kv::empty(
+            self.layers.len(),
+            self.n_kv_head,
+            self.head_dim,
             &self.device,
-        )?;
-        Ok(Kv {
-            k: vec![empty.clone(); self.layers.len()],
-            v: vec![empty; self.layers.len()],
-            len: 0,
-        })
+        )
     }
 
     /// Runs `tokens` after the `kv.len()` positions already in `kv`, appends their K/V to it,
@@ -399,7 +204,7 @@ impl Llama {
         let mut logits = self.forward_many(&mut [(tokens, kv)])?;
         match logits.pop() {
             Some(l) if logits.is_empty() => Ok(l),
-            _ => candle_core::bail!("one prompt chunk gave {} logits", logits.len() + 1),
+            _ => bail!("one prompt chunk gave {} logits", logits.len() + 1),
         }
     }
 
@@ -418,9 +223,7 @@ impl Llama {
             .collect();
         for &(start, n) in &spans {
             if n == 0 || start + n > MAX_POSITIONS {
-                candle_core::bail!(
-                    "{n} tokens after {start} do not fit in {MAX_POSITIONS} positions"
-                );
+                bail!("{n} tokens after {start} do not fit in {MAX_POSITIONS} positions");
             }
         }
         if spans.is_empty() {
@@ -440,7 +243,7 @@ impl Llama {
                     if n == total {
                         Ok(t.clone())
                     } else {
-                        t.narrow(2, at, n)?.contiguous()
+                        Ok(t.narrow(2, at, n)?.contiguous()?)
                     }
                 };
                 let cos = self.cos.narrow(0, start, n)?;
@@ -471,7 +274,7 @@ impl Llama {
         let logits = with_slice(&last, |h: &[f32]| self.decoder.logits(h))??;
         logits
             .chunks(self.vocab)
-            .map(|row| Tensor::from_slice(row, self.vocab, &self.device))
+            .map(|row| Ok(Tensor::from_slice(row, self.vocab, &self.device)?))
             .collect()
     }
 
@@ -483,16 +286,16 @@ impl Llama {
     pub fn forward_batch(&self, steps: &mut [(u32, &mut Kv)]) -> Result<Tensor> {
         let b = steps.len();
         if b == 0 {
-            candle_core::bail!("an empty batch");
+            bail!("an empty batch");
         }
         if steps.iter().any(|(_, kv)| kv.len() + 1 > MAX_POSITIONS) {
-            candle_core::bail!("a sequence in the batch is at {MAX_POSITIONS} positions");
+            bail!("a sequence in the batch is at {MAX_POSITIONS} positions");
         }
         // on a thread of the pool: the step's ~150 parallel sections then hand work to the
         // other threads directly, instead of each waking the pool from outside and sleeping
         // until it is done (measured: one sequence's step ~10.5 → ~9 ms)
         let logits = rayon::scope(|_| self.decoder.step(steps))?;
-        Tensor::from_vec(logits, (b, self.vocab), &self.device)
+        Ok(Tensor::from_vec(logits, (b, self.vocab), &self.device)?)
     }
 
     /// Bits per weight value of each decode-step matrix, in load order (for logs and tests).
@@ -510,10 +313,10 @@ impl Llama {
     /// `[1, heads, n, head_dim]`, contiguous.
     fn qkv(&self, layer: &Layer, h: &Tensor, n: usize) -> Result<(Tensor, Tensor, Tensor)> {
         let heads = |w: &Dense, count: usize| -> Result<Tensor> {
-            w.forward(h)?
+            Ok(w.forward(h)?
                 .reshape((1, n, count, self.head_dim))?
                 .transpose(1, 2)?
-                .contiguous()
+                .contiguous()?)
         };
         Ok((
             heads(&layer.wq, self.n_head)?,
@@ -545,11 +348,11 @@ impl Llama {
         let y = att.matmul(v)?;
         if n == 1 {
             // one position: heads are already in order, no transpose (and no copy) needed
-            return y.reshape((1, 1, self.n_head * hd));
+            return Ok(y.reshape((1, 1, self.n_head * hd))?);
         }
-        y.reshape((1, self.n_head, n, hd))?
+        Ok(y.reshape((1, self.n_head, n, hd))?
             .transpose(1, 2)?
-            .reshape((1, n, self.n_head * hd))
+            .reshape((1, n, self.n_head * hd))?)
     }
 
     /// The attention's output projection and the feed-forward block, each with its residual:
@@ -567,6 +370,6 @@ impl Llama {
         })??;
         let act = Tensor::from_vec(act, gate.shape(), &self.device)?;
         let ff = layer.down.forward(&act)?;
-        ff + &x
+        Ok((ff + &x)?)
     }
 }

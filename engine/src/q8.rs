@@ -4,7 +4,7 @@
 //! same grid. Multiplied through [`super::blocks::multiply`].
 
 use super::blocks::{whole_rows, ActRow, BlockMatrix, RowKernel, Rows, BLOCK};
-use candle_core::Result;
+use crate::{bail, Result};
 
 /// A weight matrix `[out, in]` in 8 bits, row by row.
 pub struct Q8Matrix {
@@ -16,9 +16,7 @@ impl Q8Matrix {
     /// Encodes `values`, `out` rows of `width` (a multiple of 32) each.
     pub fn new(values: &[f32], width: usize) -> Result<Q8Matrix> {
         if !whole_rows(values.len(), width) {
-            candle_core::bail!(
-                "an 8-bit matrix needs rows of a multiple of {BLOCK} values, not {width}"
-            );
+            bail!("an 8-bit matrix needs rows of a multiple of {BLOCK} values, not {width}");
         }
         Ok(Q8Matrix {
             out: values.len() / width,

@@ -16,8 +16,8 @@
 //! benchmarks set their own. Output text is deterministic (derived from the prompt tokens) and
 //! starts with `[simulated]` so nobody mistakes it for a model's answer.
 
-use super::{Emitted, Engine, EngineError, FinishReason, GenerateRequest};
 use futures::future::BoxFuture;
+use gguf_engine::{Emitted, Engine, EngineError, FinishReason, GenerateRequest};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use xxhash_rust::xxh3::xxh3_64;

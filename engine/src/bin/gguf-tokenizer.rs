@@ -3,7 +3,7 @@
 
 use anyhow::Context;
 use clap::Parser;
-use model_server::gguf_vocab::{read_header, tokenizer_json};
+use gguf_engine::vocab::{read_header, tokenizer_json};
 use prefix_core::model::TokenizerConfig;
 use std::path::PathBuf;
 
