@@ -6,15 +6,16 @@
 //! Why: inside Envoy's wasm VM the `tokenizers` crate spends most of its time in fancy-regex
 //! (the GPT-2 split pattern has a look-ahead, which forces the backtracking engine) and in
 //! per-call bookkeeping. Here added tokens are found in one Aho-Corasick scan, the split is
-//! decided by hand for ASCII text (the `regex` crate's automata only where a non-ASCII
-//! character is involved), the single look-ahead alternative (`\s+(?!\S)`) is applied by
-//! hand, and each split word's BPE result is cached (long segments between added tokens too,
-//! whole once seen twice, and chunk by chunk when they start with text seen before). Only the tokenizer shapes checked in [`FastBpe::from_json`] are handled; anything
-//! else returns `None` and the caller keeps using the `tokenizers` crate. Equivalence is tested
-//! against the `tokenizers` crate on the real vocabulary (`core/tests/fast_bpe_equivalence.rs`).
+//! decided by hand ([`crate::split`]: bytes for ASCII, characters elsewhere; no regex
+//! engine), the single look-ahead alternative (`\s+(?!\S)`) is applied by hand, and each
+//! split word's BPE result is cached (long segments between added tokens too, whole once seen
+//! twice, and chunk by chunk when they start with text seen before). Only the tokenizer
+//! shapes checked in [`FastBpe::from_json`] are handled; anything else returns `None` and the
+//! caller keeps using the `tokenizers` crate (which the filter's build leaves out: there such
+//! a vocabulary does not load). Equivalence is tested against the `tokenizers` crate on the
+//! real vocabularies (`core/tests/fast_bpe_equivalence.rs`, `core/tests/tokenizer_families.rs`).
 
 use aho_corasick::{AhoCorasick, MatchKind};
-use regex::Regex;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -23,15 +24,11 @@ use std::sync::Mutex;
 /// times slower on the short keys here, especially in wasm); randomly seeded per process.
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
-/// The GPT-2 split pattern without its look-ahead alternative `\s+(?!\S)`.
-const SPLIT: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+";
-
 /// The `Split` patterns of the Llama-3 and Qwen2 families, exactly as their `tokenizer.json`s
 /// write them, and the same without their look-ahead alternative `\s+(?!\S)` (applied by
 /// hand, as for GPT-2).
 const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
-const LOOK_AHEAD_ALT: &str = r"|\s+(?!\S)";
 
 /// Most distinct words kept in the BPE cache before it is cleared (bounded memory).
 const CACHE_LIMIT: usize = 100_000;
@@ -351,7 +348,6 @@ pub struct Cursor {
 pub struct FastBpe {
     /// Most bytes of text one token can stand for (see [`FastBpe::min_tokens`]).
     bytes_per_token_max: usize,
-    split: Regex,
     splitter: Splitter,
     /// NFC-normalize the text between added tokens first (the `NFC` normalizer)
     nfc: bool,
@@ -364,115 +360,6 @@ pub struct FastBpe {
     /// added (special) tokens, matched in the text before any splitting
     added: Option<AddedTokens>,
     cache: Mutex<Memo>,
-}
-
-/// An ASCII byte's class for the split patterns; `None` for a non-ASCII byte, whose Unicode
-/// class is not known here.
-#[derive(Clone, Copy, PartialEq)]
-enum Class {
-    Letter,
-    Digit,
-    Space,
-    Other,
-}
-
-fn ascii_class(b: &[u8], i: usize) -> Option<Class> {
-    match *b.get(i)? {
-        b'a'..=b'z' | b'A'..=b'Z' => Some(Class::Letter),
-        b'0'..=b'9' => Some(Class::Digit),
-        // the regex crate's Unicode `\s` on ASCII: \t \n \v \f \r and space
-        b'\t' | b'\n' | 0x0B | 0x0C | b'\r' | b' ' => Some(Class::Space),
-        0x80.. => None,
-        _ => Some(Class::Other),
-    }
-}
-
-/// End of the run of `want` starting at `i`: `None` if a non-ASCII byte could extend it.
-fn ascii_run(b: &[u8], mut i: usize, want: Class) -> Option<usize> {
-    while i < b.len() {
-        match ascii_class(b, i) {
-            Some(c) if c == want => i += 1,
-            Some(_) => return Some(i),
-            None => return None,
-        }
-    }
-    Some(i)
-}
-
-/// Where the Llama-3 / Qwen2 split (its alternatives in order, the look-ahead one left to
-/// the caller as `\s+`) matches from `pos`, when ASCII bytes alone decide it; `None` when a
-/// non-ASCII character could change the answer (the caller then asks the regex). Several
-/// times faster than the regex's automata on the English-heavy text most prompts are.
-fn pattern_ascii_end(b: &[u8], pos: usize, max_digits: usize) -> Option<usize> {
-    let first = ascii_class(b, pos)?;
-    // 1. (?i:'s|'t|'re|'ve|'m|'ll|'d)
-    if b[pos] == b'\'' {
-        let next = |k: usize| b.get(pos + k).copied();
-        if next(1).is_some_and(|c| c >= 0x80) {
-            return None; // a Unicode case variant (ſ) could match
-        }
-        let lower = |k: usize| next(k).map(|c| c.to_ascii_lowercase());
-        match (lower(1), lower(2)) {
-            (Some(b's' | b't' | b'm' | b'd'), _) => return Some(pos + 2),
-            (Some(b'r'), Some(b'e')) | (Some(b'v'), Some(b'e')) | (Some(b'l'), Some(b'l')) => {
-                return Some(pos + 3)
-            }
-            (Some(b'r' | b'v' | b'l'), None) => {}
-            (Some(b'r' | b'v' | b'l'), Some(c)) if c >= 0x80 => return None,
-            _ => {}
-        }
-    }
-    match first {
-        // 2. [^\r\n\p{L}\p{N}]?\p{L}+
-        Class::Letter => return ascii_run(b, pos, Class::Letter),
-        _ if b[pos] != b'\r' && b[pos] != b'\n' && first != Class::Digit => {
-            match ascii_class(b, pos + 1) {
-                Some(Class::Letter) => return ascii_run(b, pos + 1, Class::Letter),
-                None if pos + 1 < b.len() => return None,
-                _ => {}
-            }
-        }
-        _ => {}
-    }
-    match first {
-        // 3. \p{N}{1,max}
-        Class::Digit => {
-            let mut end = pos;
-            while end < b.len() && end - pos < max_digits {
-                match ascii_class(b, end) {
-                    Some(Class::Digit) => end += 1,
-                    Some(_) => break,
-                    None => return None,
-                }
-            }
-            Some(end)
-        }
-        // 4.  ?[^\s\p{L}\p{N}]+[\r\n]*
-        Class::Other => punctuation_end(b, pos),
-        Class::Space if b[pos] == b' ' && ascii_class(b, pos + 1) == Some(Class::Other) => {
-            punctuation_end(b, pos + 1)
-        }
-        Class::Space if b[pos] == b' ' && pos + 1 < b.len() && b[pos + 1] >= 0x80 => None,
-        // 5. \s*[\r\n]+ (to the run's last line break), else 7. \s+
-        Class::Space => {
-            let run_end = ascii_run(b, pos, Class::Space)?;
-            let run = &b[pos..run_end];
-            Some(match run.iter().rposition(|&c| c == b'\r' || c == b'\n') {
-                Some(last) => pos + last + 1,
-                None => run_end,
-            })
-        }
-        Class::Letter => None,
-    }
-}
-
-/// `[^\s\p{L}\p{N}]+[\r\n]*` from `i`, on ASCII.
-fn punctuation_end(b: &[u8], i: usize) -> Option<usize> {
-    let mut end = ascii_run(b, i, Class::Other)?;
-    while end < b.len() && (b[end] == b'\r' || b[end] == b'\n') {
-        end += 1;
-    }
-    Some(end)
 }
 
 /// GPT-2's reversible byte → printable character mapping.
@@ -519,15 +406,15 @@ impl FastBpe {
                 && p.get("use_regex").unwrap_or(&tr) == &Value::Bool(regex)
         };
         let pre = &t["pre_tokenizer"];
-        let (splitter, split) = match pre["type"].as_str()? {
-            "ByteLevel" if byte_level(pre, true) => (Splitter::Gpt2 { digits: false }, SPLIT),
+        let splitter = match pre["type"].as_str()? {
+            "ByteLevel" if byte_level(pre, true) => Splitter::Gpt2 { digits: false },
             "Sequence" => match pre["pretokenizers"].as_array()?.as_slice() {
                 [d, b]
                     if is(d, "type", &Value::from("Digits"))
                         && is(d, "individual_digits", &tr)
                         && byte_level(b, true) =>
                 {
-                    (Splitter::Gpt2 { digits: true }, SPLIT)
+                    Splitter::Gpt2 { digits: true }
                 }
                 [s, b]
                     if is(s, "type", &Value::from("Split"))
@@ -541,13 +428,12 @@ impl FastBpe {
                         QWEN2_SPLIT => 1,
                         _ => return None,
                     };
-                    (Splitter::Pattern { max_digits }, pattern)
+                    Splitter::Pattern { max_digits }
                 }
                 _ => return None,
             },
             _ => return None,
         };
-        let split = split.replace(LOOK_AHEAD_ALT, "");
         let m = &t["model"];
         if !is(m, "type", &Value::from("BPE"))
             || !(is(m, "dropout", &null))
@@ -624,7 +510,6 @@ impl FastBpe {
         Some(FastBpe {
             vocab_size,
             bytes_per_token_max,
-            split: Regex::new(&split).ok()?,
             splitter,
             nfc,
             byte_ids,
@@ -917,13 +802,7 @@ impl FastBpe {
     fn encode_piece(&self, piece: &str, cache: &mut Words, out: &mut Vec<u32>) {
         let mut pos = 0;
         while pos < piece.len() {
-            let mut end = match Self::ascii_match_end(piece.as_bytes(), pos) {
-                Some(end) => end,
-                None => match self.split.find_at(piece, pos) {
-                    Some(m) => m.end(),
-                    None => break,
-                },
-            };
+            let mut end = crate::split::gpt2_end(piece, pos);
             let word = &piece[pos..end];
             // `\s+(?!\S)`: a whitespace run followed by a non-space leaves its last character
             // to the next match
@@ -946,18 +825,8 @@ impl FastBpe {
     fn encode_pattern(&self, seg: &str, max_digits: usize, cache: &mut Words, out: &mut Vec<u32>) {
         let mut pos = 0;
         while pos < seg.len() {
-            let (start, mut end) = match pattern_ascii_end(seg.as_bytes(), pos, max_digits) {
-                Some(end) => (pos, end),
-                None => match self.split.find_at(seg, pos) {
-                    Some(m) => (m.start(), m.end()),
-                    None => break,
-                },
-            };
-            if start != pos {
-                // unmatched text (never with these patterns: `\s+` and the rest cover all)
-                self.word(&seg[pos..start], cache, out);
-            }
-            let word = &seg[start..end];
+            let mut end = crate::split::pattern_end(seg, pos, max_digits);
+            let word = &seg[pos..end];
             if end < seg.len()
                 && !word.ends_with(['\r', '\n'])
                 && word.chars().all(char::is_whitespace)
@@ -967,11 +836,8 @@ impl FastBpe {
                     end -= last;
                 }
             }
-            self.word(&seg[start..end], cache, out);
+            self.word(&seg[pos..end], cache, out);
             pos = end;
-        }
-        if pos < seg.len() {
-            self.word(&seg[pos..], cache, out);
         }
     }
 
@@ -993,31 +859,6 @@ impl FastBpe {
                     cache.kept.insert(word.into(), ids);
                 }
             }
-        }
-    }
-
-    /// Where the [`SPLIT`] match starting at `pos` ends, when that is decided by ASCII bytes
-    /// alone; `None` when a non-ASCII character could change the answer (the caller then asks
-    /// the regex). Same leftmost-first alternation as the pattern, several times faster than the
-    /// regex's automata for the English-heavy text most prompts are.
-    fn ascii_match_end(b: &[u8], pos: usize) -> Option<usize> {
-        let class = |i: usize| ascii_class(b, i);
-        let run = |i: usize, want: Class| ascii_run(b, i, want);
-        let first = class(pos)?;
-        if b[pos] == b'\'' {
-            let rest = &b[pos + 1..];
-            for c in [&b"s"[..], b"t", b"re", b"ve", b"m", b"ll", b"d"] {
-                if rest.starts_with(c) {
-                    return Some(pos + 1 + c.len());
-                }
-            }
-        }
-        match first {
-            Class::Space if b[pos] == b' ' && pos + 1 < b.len() => match class(pos + 1)? {
-                Class::Space => run(pos, Class::Space),
-                c => run(pos + 1, c),
-            },
-            c => run(pos, c),
         }
     }
 

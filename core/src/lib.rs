@@ -12,9 +12,9 @@
 //! - [`request`] and [`error`]: parse and validate an inference body (completions, chat,
 //!   Responses, Anthropic-style messages; which paths are read as what); the OpenAI-style
 //!   errors both sides answer with.
-//! - [`model`], [`template`], [`tokenizer`] ([`fast_bpe`]): render the prompt with the
-//!   model's chat template and tokenize it with its vocabulary; [`prompt_blocks`]: only as
-//!   deep as a router needs.
+//! - [`model`], [`template`], [`tokenizer`] ([`fast_bpe`], its words from [`split`]): render
+//!   the prompt with the model's chat template and tokenize it with its vocabulary;
+//!   [`prompt_blocks`]: only as deep as a router needs.
 //! - [`block`]: chained XXH3 hashes of the full token blocks (golden vectors in
 //!   `tests/data`).
 //! - [`pod_costs`]: what a request costs on each pod (prefill per token, slot time, slots),
@@ -43,6 +43,7 @@ pub mod prompt_blocks;
 pub mod protocol;
 pub mod request;
 pub mod router_config;
+pub mod split;
 pub mod table;
 pub mod template;
 pub mod tokenizer;

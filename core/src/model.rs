@@ -140,6 +140,7 @@ pub struct PreparedPrompt {
 impl ModelBundle {
     /// Builds a bundle from the bytes of `tokenizer.json` and, optionally,
     /// `tokenizer_config.json`. Without a chat template, chat requests are rejected with 400.
+    #[cfg(feature = "hf-tokenizers")]
     pub fn new(
         name: &str,
         tokenizer_json: &[u8],
@@ -155,6 +156,7 @@ impl ModelBundle {
 
     /// A bundle from a model directory's files, `chat_template.jinja` included (Hugging
     /// Face's newer layout keeps the template there; it wins over `tokenizer_config.json`'s).
+    #[cfg(feature = "hf-tokenizers")]
     pub fn from_files(
         name: &str,
         files: ModelFiles<'_>,

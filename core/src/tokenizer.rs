@@ -1,7 +1,10 @@
 //! The model's tokenizer, loaded from a Hugging Face `tokenizer.json` held in memory.
 //!
 //! Uses the `tokenizers` crate with pure-Rust features only (fancy-regex instead of onig), so
-//! the very same code runs in the server and inside Envoy's wasm VM.
+//! the very same code runs in the server and inside Envoy's wasm VM, plus this crate's own
+//! byte-level BPE encoder ([`crate::fast_bpe`]) where the vocabulary allows it. Without the
+//! `hf-tokenizers` feature (the filter's build, whose .wasm is then much smaller) only
+//! vocabularies the fast encoder covers load.
 
 use std::fmt;
 
@@ -9,6 +12,7 @@ use std::fmt;
 /// vocabulary's shape allows it (same ids, several times faster, see [`crate::fast_bpe`]).
 pub struct Tokenizer {
     /// `None` only when loaded for encoding alone and the fast path covers it.
+    #[cfg(feature = "hf-tokenizers")]
     inner: Option<tokenizers::Tokenizer>,
     fast: Option<crate::fast_bpe::FastBpe>,
     /// What the post-processor puts around a single sequence ("adding special tokens"):
@@ -75,6 +79,7 @@ impl fmt::Debug for Tokenizer {
 
 impl Tokenizer {
     /// Parses the bytes of a `tokenizer.json`.
+    #[cfg(feature = "hf-tokenizers")]
     pub fn from_json_bytes(bytes: &[u8]) -> Result<Self, TokenizerError> {
         // One prompt at a time: never spin up rayon threads (wasm has none, the server
         // already runs requests concurrently).
@@ -96,14 +101,24 @@ impl Tokenizer {
         let doc: Option<serde_json::Value> = serde_json::from_slice(bytes).ok();
         match doc.as_ref().and_then(crate::fast_bpe::FastBpe::from_value) {
             Some(fast) => Ok(Tokenizer {
+                #[cfg(feature = "hf-tokenizers")]
                 inner: None,
                 fast: Some(fast),
                 specials: Specials::of(doc.as_ref()),
             }),
+            #[cfg(feature = "hf-tokenizers")]
             None => Self::from_json_bytes(bytes),
+            #[cfg(not(feature = "hf-tokenizers"))]
+            None => Err(TokenizerError(
+                "this vocabulary is not a byte-level BPE of the GPT-2, Llama-3 or Qwen2 \
+                 families, the only ones this build encodes (a filter built with \
+                 `scripts/build-filter.sh --full` takes any tokenizer.json)"
+                    .into(),
+            )),
         }
     }
 
+    #[cfg(feature = "hf-tokenizers")]
     fn inner(&self) -> Result<&tokenizers::Tokenizer, TokenizerError> {
         self.inner
             .as_ref()
@@ -122,6 +137,7 @@ impl Tokenizer {
     }
 
     /// Token ids from the `tokenizers` crate itself (the reference the fast path must match).
+    #[cfg(feature = "hf-tokenizers")]
     pub fn encode_reference(&self, text: &str) -> Result<Vec<u32>, TokenizerError> {
         self.inner()?
             .encode_fast(text, false)
@@ -135,10 +151,14 @@ impl Tokenizer {
         if let Some(fast) = &self.fast {
             return Ok(fast.encode(text));
         }
-        self.inner()?
+        #[cfg(feature = "hf-tokenizers")]
+        return self
+            .inner()?
             .encode_fast(text, false)
             .map(|enc| enc.get_ids().to_vec())
-            .map_err(|e| TokenizerError(e.to_string()))
+            .map_err(|e| TokenizerError(e.to_string()));
+        #[cfg(not(feature = "hf-tokenizers"))]
+        Err(TokenizerError("no encoder loaded".into()))
     }
 
     /// Token ids of a completion prompt as vLLM computes them (`add_special_tokens`, its
@@ -162,6 +182,7 @@ impl Tokenizer {
     }
 
     /// Text of `ids`, special tokens included.
+    #[cfg(feature = "hf-tokenizers")]
     pub fn decode(&self, ids: &[u32]) -> Result<String, TokenizerError> {
         self.inner()?
             .decode(ids, false)
@@ -169,16 +190,17 @@ impl Tokenizer {
     }
 
     /// The id of a token, special or not.
+    #[cfg(feature = "hf-tokenizers")]
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
         self.inner.as_ref()?.token_to_id(token)
     }
 
     /// Vocabulary size including added tokens.
     pub fn vocab_size(&self) -> usize {
-        match (&self.inner, &self.fast) {
-            (Some(t), _) => t.get_vocab_size(true),
-            (None, Some(f)) => f.vocab_size(),
-            (None, None) => 0,
+        #[cfg(feature = "hf-tokenizers")]
+        if let Some(t) = &self.inner {
+            return t.get_vocab_size(true);
         }
+        self.fast.as_ref().map_or(0, |f| f.vocab_size())
     }
 }

@@ -136,6 +136,13 @@ fn random_strings_match() {
         "the",
         "ſ",
         "ﬁ",
+        // a letter of each other kind (titlecase, modifier), a letter number, a line
+        // separator, the Kelvin sign (folds to k)
+        "ǅ",
+        "ʰ",
+        "Ⅻ",
+        "\u{2028}",
+        "\u{212a}",
     ];
     for (i, f) in FAMILIES.into_iter().enumerate() {
         let t = tokenizer(f);
