@@ -4,16 +4,21 @@
 # Cached in target/: a no-op when nothing changed.
 #
 # The default build encodes the byte-level BPE vocabularies (GPT-2/SmolLM, Llama-3, Qwen2
-# families) with this project's encoder and is under 2 MB. `--full` builds the filter with the
-# `tokenizers` crate as well (about 4 MB), for any other `tokenizer.json` (SentencePiece-style
-# Llama-2, Mistral, Gemma, …), and prints that file's path instead.
+# families) with this project's encoder and is under 2 MB. `--full` also builds the filter
+# with the `tokenizers` crate inside (about 4 MB), for any other `tokenizer.json`
+# (SentencePiece-style Llama-2, Mistral, Gemma, …), and prints that file's path instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+out=target/wasm32-wasip1/wasm
+build() { cargo build -q --profile wasm -p prefix-router-filter --target wasm32-wasip1 "$@"; }
 if [ "${1:-}" = "--full" ]; then
-  cargo build -q --profile wasm -p prefix-router-filter --target wasm32-wasip1 \
-    --features hf-tokenizers --target-dir target/wasm-full
-  echo "target/wasm-full/wasm32-wasip1/wasm/prefix_router_filter.wasm"
+  # same target directory: only prefix-core, the tokenizers crate and the filter differ
+  build --features hf-tokenizers
+  cp "$out/prefix_router_filter.wasm" "$out/prefix_router_filter_full.wasm.tmp"
+  mv "$out/prefix_router_filter_full.wasm.tmp" "$out/prefix_router_filter_full.wasm"
+  build # the default file back in place (nothing to compile)
+  echo "$out/prefix_router_filter_full.wasm"
   exit 0
 fi
-cargo build -q --profile wasm -p prefix-router-filter --target wasm32-wasip1
-echo "target/wasm32-wasip1/wasm/prefix_router_filter.wasm"
+build
+echo "$out/prefix_router_filter.wasm"

@@ -382,12 +382,6 @@ fn launch_envoy(
     validate: bool,
 ) -> anyhow::Result<Envoy> {
     let wasm_path = paths::wasm_path();
-    if wasm && !wasm_path.is_file() {
-        bail!(
-            "{} not built (scripts/build-filter.sh)",
-            wasm_path.display()
-        );
-    }
     let mut settings = EnvoySettings::new(
         free_port()?,
         free_port()?,
@@ -400,6 +394,12 @@ fn launch_envoy(
     }
     settings.assets_port = free_port()?;
     tweak(&mut settings);
+    if let Some(w) = settings.wasm.as_ref().filter(|w| !w.is_file()) {
+        bail!(
+            "{} not built (scripts/build-filter.sh [--full])",
+            w.display()
+        );
+    }
     std::fs::create_dir_all(dir)?;
     let config_path = dir.join(format!("{name}.yaml"));
     let mut first = true;
@@ -433,7 +433,8 @@ fn launch_envoy(
             healthy(&http, &ready)
         })?;
         // this project's filter (not another .wasm a benchmark compares it with)
-        if settings.wasm.as_deref() == Some(paths::wasm_path().as_path()) {
+        let ours = [paths::wasm_path(), paths::full_wasm_path()];
+        if settings.wasm.as_ref().is_some_and(|w| ours.contains(w)) {
             let models = settings.more_models.len() + 1;
             wait_until(name, &mut proc, Duration::from_secs(60), || {
                 tokenizers_tried(&http, settings.admin_port, models)

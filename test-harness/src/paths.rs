@@ -27,6 +27,12 @@ pub fn wasm_path() -> PathBuf {
         .unwrap_or_else(|| target_dir().join("wasm32-wasip1/wasm/prefix_router_filter.wasm"))
 }
 
+/// The filter built with the `tokenizers` crate inside, for any `tokenizer.json`
+/// (`scripts/build-filter.sh --full`).
+pub fn full_wasm_path() -> PathBuf {
+    target_dir().join("wasm32-wasip1/wasm/prefix_router_filter_full.wasm")
+}
+
 /// The model-server binary: the debug build that `cargo build` / the test script make;
 /// `MODEL_SERVER_BIN` overrides (the benchmarks point it at the release build).
 pub fn model_server_bin() -> PathBuf {

@@ -137,3 +137,90 @@ fn a_chat_template_in_its_own_file_is_fetched_and_used() {
     let again = f.send("/v1/chat/completions", &chat(), &[]);
     assert_eq!(again.reason(), "prefix-hit");
 }
+
+/// A model directory whose `tokenizer.json` is no byte-level BPE: a word-level vocabulary
+/// (lower-cased, split on white space and punctuation) of the runbook's words, standing in for
+/// the SentencePiece-style families the default .wasm does not encode either.
+fn word_level_model() -> std::path::PathBuf {
+    let dir = test_harness::cluster::run_dir("word-level-model");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut vocab = serde_json::Map::new();
+    vocab.insert("[UNK]".into(), json!(0));
+    for word in RUNBOOK
+        .to_lowercase()
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+    {
+        let next = vocab.len();
+        vocab.entry(word.to_owned()).or_insert(json!(next));
+    }
+    let tokenizer = json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [{"id": 0, "content": "[UNK]", "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": true}],
+        "normalizer": {"type": "Lowercase"},
+        "pre_tokenizer": {"type": "Whitespace"},
+        "post_processor": null,
+        "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "[UNK]"},
+    });
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    dir
+}
+
+/// A vocabulary outside the byte-level BPE families: the default .wasm cannot encode it, logs
+/// it as unusable and balances by load; the filter built with the `tokenizers` crate
+/// (`scripts/build-filter.sh --full`) routes it by prefix, hashing as the pods do.
+#[test]
+fn another_kind_of_vocabulary_needs_the_full_build_and_routes_with_it() {
+    let dir = word_level_model();
+    let tokenizer = dir.display().to_string();
+    let mut pod_args = ZERO_COST.to_vec();
+    pod_args.extend(["--tokenizer", tokenizer.as_str()]);
+    // words are fewer tokens than byte-level pieces: three runbooks for several full blocks
+    let body = json!({"prompt": RUNBOOK.repeat(3), "max_tokens": 1});
+    let start = |name: &str, wasm: std::path::PathBuf| {
+        let assets = free_port().unwrap();
+        Fleet::start(name, 2, &pod_args, |s| {
+            s.tokenizer_dir = Some(dir.clone());
+            s.assets_port = assets;
+            s.poll_interval_ms = 200;
+            s.wasm = Some(wasm);
+        })
+        .unwrap()
+    };
+
+    let small = start("word-level-default", test_harness::paths::wasm_path());
+    assert!(small.wait(Duration::from_secs(10), || small
+        .stat(&small.envoy, "prefix_router_tokenizer_load_failures")
+        >= 2.0));
+    for _ in 0..3 {
+        let a = small.send("/v1/completions", &body, &[]);
+        assert_eq!((a.status, a.reason()), (200, "fallback"), "{}", a.body);
+    }
+    assert!(small
+        .envoy
+        .proc
+        .log_tail()
+        .contains("scripts/build-filter.sh --full"));
+    drop(small);
+
+    let full = start("word-level-full", test_harness::paths::full_wasm_path());
+    assert_eq!(
+        full.stat(&full.envoy, "prefix_router_tokenizer_loaded"),
+        1.0
+    );
+    let first = full.send("/v1/completions", &body, &[]);
+    assert_eq!(first.status, 200, "{}", first.body);
+    assert_ne!(first.reason(), "fallback");
+    assert_eq!(
+        json!(first.header("x-prefix-router-prefix-hash")),
+        full.pod_prefix_hash(&body),
+        "the filter and the pods tokenize alike"
+    );
+    let again = full.send("/v1/completions", &body, &[]);
+    assert_eq!(
+        (again.reason(), again.pod.as_str()),
+        ("prefix-hit", first.pod.as_str())
+    );
+}
