@@ -5,7 +5,7 @@
 //! matmuls that pack their operands, scale, softmax, reshape) per sequence and layer: one
 //! sequence's step spent 5.9 ms of 23 in them at ~260 positions, 8 sequences' 16 ms of 55.
 //! On slices it measured 2–2.5 ms for one sequence and ~12.5 ms for eight with f32 K/V,
-//! ~1.1 and ~8 ms with the f16 K/V held now ([`super::llama::KV_DTYPE`]), converted eight
+//! ~1.1 and ~8 ms with the f16 K/V held now ([`crate::kv::KV_DTYPE`]), converted eight
 //! values at a time (F16C), and 0.77 and 5.5–6 ms with four positions' scores at a time and
 //! the weighted sum of V kept in registers (at ~260 positions).
 //!
