@@ -109,17 +109,15 @@ pub fn pattern_end(s: &str, pos: usize, max_digits: usize) -> usize {
     // 1. the contractions, in any case: `(?i)` folds ſ (U+017F) to s, the only character
     //    outside ASCII that folds to one of these letters
     if c == '\'' {
+        // the next two characters, case-folded, with their lengths in the text
         let mut rest = s[pos + 1..].chars().map(|c| match c {
-            'ſ' => 's',
-            c => c.to_ascii_lowercase(),
+            'ſ' => ('s', c.len_utf8()),
+            c => (c.to_ascii_lowercase(), c.len_utf8()),
         });
-        let (a, b) = (rest.next(), rest.next());
-        let one = |c: char| pos + 1 + c.len_utf8();
-        let source: Vec<char> = s[pos + 1..].chars().take(2).collect();
-        match (a, b) {
-            (Some('s' | 't' | 'm' | 'd'), _) => return one(source[0]),
-            (Some('r'), Some('e')) | (Some('v'), Some('e')) | (Some('l'), Some('l')) => {
-                return one(source[0]) + source[1].len_utf8()
+        match (rest.next(), rest.next()) {
+            (Some(('s' | 't' | 'm' | 'd', n)), _) => return pos + 1 + n,
+            (Some(('r' | 'v', n)), Some(('e', m))) | (Some(('l', n)), Some(('l', m))) => {
+                return pos + 1 + n + m
             }
             _ => {}
         }
