@@ -24,6 +24,8 @@ PY
 fi
 if [ ! -s "$MODEL_DIR/tokenizer.json" ] || [ "$GGUF" -nt "$MODEL_DIR/tokenizer.json" ]; then
   say "writing the model's tokenizer.json from the GGUF"
-  cargo build -q -p gguf-engine --bin gguf-tokenizer
+  # every binary of the suite in one selection (the test script, the demo and the README's
+  # by-hand build name the same packages): one feature set, compiled once
+  cargo build -q -p model-server -p kv-events -p prefix-router-config -p gguf-engine --bins
   "$ROOT/target/debug/gguf-tokenizer" --gguf "$GGUF" --out-dir "$MODEL_DIR"
 fi

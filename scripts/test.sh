@@ -21,6 +21,8 @@ CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUSTFLAGS='--cfg getrandom_backend="custom"'
 echo "== the engine and the model server type-check for aarch64 (the engine's portable path; no AVX there)"
 RUSTFLAGS='-D warnings' cargo check -q -p gguf-engine -p model-server --target aarch64-unknown-linux-gnu
 echo "== build binaries the real-process tests start (model-server, kv-events, wasm filter)"
+# the same selection as scripts/demo.sh and the README's by-hand build: a different one would
+# resolve other features for shared dependencies and compile the engine's chain again
 cargo build -q -p model-server -p kv-events -p prefix-router-config --bins
 scripts/build-filter.sh
 scripts/build-filter.sh --full >/dev/null # the filter for any tokenizer.json (tokenizer_source.rs)
